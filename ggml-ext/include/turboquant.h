@@ -1,0 +1,111 @@
+/*
+ * turboquant.h - C ABI of the turboquant Rust codec (libturboquant.a).
+ *
+ * TurboQuant KV-cache blocks: 64 values per block, each block stores an fp16
+ * scale and one Lloyd-Max codebook index per value. The codebook is optimal for
+ * the coordinates of a uniformly random unit vector in R^64, which is what one
+ * block of a randomly rotated K/V head looks like once divided by its norm.
+ *
+ *   type    bits/value  bytes/block  layout (see src/block.rs for the exact packing)
+ *   turbo2  2.25        18           u16 d; u8 qs[16]
+ *   turbo3  3.25        26           u16 d; u8 qs[24]   (16 bytes low 2 bits, 8 bytes high bit)
+ *   turbo4  4.25        34           u16 d; u8 qs[32]
+ *
+ * Decoding value j of a block: y[j] = fp16_to_f32(d) * codebook[idx[j]].
+ * Encoding: n = ||x||; idx[j] = nearest centroid of x[j]/n (ties go to the lower
+ * centroid); d = n / ||codebook[idx]|| rounded to fp16, so the decoded block keeps
+ * the original norm.
+ *
+ * Every function is safe to call with bad input: it returns a negative error code
+ * (see tq_error_string) and never aborts or unwinds into C.
+ * The tq_ggml_* row functions are the hot paths ggml calls; they trust ggml's
+ * invariants (non-null, k a multiple of 64) and do no allocation.
+ */
+#ifndef TURBOQUANT_H
+#define TURBOQUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum tq_type { TQ_TURBO2 = 2, TQ_TURBO3 = 3, TQ_TURBO4 = 4 } tq_type;
+
+/* Values per block, shared by every turbo type. */
+#define TQ_BLOCK_VALUES 64
+
+/* Error codes (all negative). */
+#define TQ_OK                 0
+#define TQ_ERR_UNKNOWN_TYPE  -1
+#define TQ_ERR_BAD_LENGTH    -2
+#define TQ_ERR_NULL_POINTER  -3
+#define TQ_ERR_BAD_DIM       -4
+#define TQ_ERR_PANIC         -5
+
+/* The seed of the rotation that llama.cpp uses for turbo caches. */
+#define TQ_DEFAULT_SEED 0x5475726271756174ULL /* "Turbquat" */
+
+/* Block layouts, as ggml stores them. Checked against the Rust structs by a test. */
+typedef struct { uint16_t d; uint8_t qs[16]; } tq_block_turbo2;
+typedef struct { uint16_t d; uint8_t qs[24]; } tq_block_turbo3;
+typedef struct { uint16_t d; uint8_t qs[32]; } tq_block_turbo4;
+
+int64_t tq_block_values(int type);   /* values per block; -1 for an unknown type */
+int64_t tq_block_bytes(int type);    /* bytes per block;  -1 for an unknown type */
+
+/* Encode/decode n values (n a multiple of tq_block_values) exactly as the GGML type
+   stores them. Return 0, or a negative error code: unknown type, bad length, null pointer. */
+int tq_quantize(int type, const float *x, void *out, int64_t n);
+int tq_dequantize(int type, const void *in, float *y, int64_t n);
+
+/* Dot product of n encoded values with an f32 vector; result in *out. */
+int tq_vec_dot_f32(int type, const void *x, const float *y, int64_t n, float *out);
+
+/* The seeded rotation as a dense dim x dim row-major orthogonal matrix.
+   R = D H D / sqrt(dim) with H the Sylvester Walsh-Hadamard matrix and D = diag(+-1)
+   drawn from the seed: R is symmetric and R*R = I, so applying it twice undoes it
+   (llama.cpp relies on that to rotate the attention output and shifted keys back).
+   dim: a power of two, 2..=65536. */
+int tq_rotation_matrix(int64_t dim, uint64_t seed, float *out);
+
+/* The same map applied in place to n/dim consecutive vectors of length dim, O(dim log dim). */
+int tq_rotate(int64_t dim, uint64_t seed, float *x, int64_t n);
+
+/* Codebook centroids (ascending, 2^bits of them) that type `type` decodes with. */
+int tq_codebook(int type, float *out, int64_t capacity);
+
+/* A static, human-readable message for an error code. Never NULL. */
+const char *tq_error_string(int code);
+
+/* --- ggml hooks: exact ggml signatures, no checks beyond ggml's own invariants --- */
+void tq_ggml_quantize_row_turbo2(const float *x, void *y, int64_t k);
+void tq_ggml_quantize_row_turbo3(const float *x, void *y, int64_t k);
+void tq_ggml_quantize_row_turbo4(const float *x, void *y, int64_t k);
+
+void tq_ggml_dequantize_row_turbo2(const void *x, float *y, int64_t k);
+void tq_ggml_dequantize_row_turbo3(const void *x, float *y, int64_t k);
+void tq_ggml_dequantize_row_turbo4(const void *x, float *y, int64_t k);
+
+/* ggml_vec_dot_t: s[0] = dot(x (turbo), y (f32)) over n values; nrc must be 1. */
+void tq_ggml_vec_dot_turbo2_f32(int n, float *s, size_t bs, const void *x, size_t bx,
+                                const void *y, size_t by, int nrc);
+void tq_ggml_vec_dot_turbo3_f32(int n, float *s, size_t bs, const void *x, size_t bx,
+                                const void *y, size_t by, int nrc);
+void tq_ggml_vec_dot_turbo4_f32(int n, float *s, size_t bs, const void *x, size_t bx,
+                                const void *y, size_t by, int nrc);
+
+/* Flash-attention V accumulation: y[0..k) += v * decode(x). */
+void tq_ggml_mad_turbo2(const void *x, float *y, int64_t k, float v);
+void tq_ggml_mad_turbo3(const void *x, float *y, int64_t k, float v);
+void tq_ggml_mad_turbo4(const void *x, float *y, int64_t k, float v);
+
+/* ggml_validate_row_data: 1 if every block scale is finite and non-negative. */
+int tq_ggml_validate_row(int type, const void *x, size_t nbytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TURBOQUANT_H */
