@@ -1,0 +1,42 @@
+//! Build script: with the `llama` feature (the default) it materialises the pinned
+//! llama.cpp (vendor/llama.cpp.pin), applies ggml-ext/patches, builds the libraries with
+//! cmake and tells rustc how to link llama-server / llama-cli / llama-bench /
+//! llama-perplexity and the ggml-level tests. Without the feature it does nothing, so the
+//! codec builds and tests with no C++ toolchain at all.
+//!
+//! Cargo drives: the C++ side is only libraries; every executable is a thin Rust `main`
+//! linked with this crate, which provides the `tq_*` symbols ggml calls.
+
+#[path = "build/cmake.rs"]
+mod cmake;
+#[path = "build/vendor.rs"]
+mod vendor;
+
+use std::path::PathBuf;
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=build");
+    if std::env::var_os("CARGO_FEATURE_LLAMA").is_none() {
+        return;
+    }
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    if let Err(e) = run(&root) {
+        // A panic prints the message without a backtrace wall; keep it readable.
+        panic!("\n\nturboquant: {e}\n\n");
+    }
+}
+
+fn run(root: &std::path::Path) -> Result<(), String> {
+    for p in ["vendor/llama.cpp.pin", "ggml-ext/patches", "ggml-ext/include", "ggml-ext/cmake", "ggml-ext/tests"] {
+        println!("cargo:rerun-if-changed={}", root.join(p).display());
+    }
+    println!("cargo:rerun-if-env-changed=LLAMA_CPP_DIR");
+    println!("cargo:rerun-if-env-changed=TQ_CACHE_DIR");
+
+    let src = vendor::materialise(root)?;
+    let build_dir = cmake::build_dir(root);
+    cmake::build(root, &src, &build_dir)?;
+    cmake::emit_link_args(&build_dir)?;
+    Ok(())
+}

@@ -1,0 +1,118 @@
+//! Configure and build the patched llama.cpp's libraries with cmake, then hand rustc the
+//! exact link line cmake would have used for each tool's executable.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The tools we ship: (binary name, its `*-impl` target, the cmake dir of its executable).
+pub const TOOLS: &[(&str, &str, &str)] = &[
+    ("llama-server", "llama-server-impl", "tools/server"),
+    ("llama-cli", "llama-cli-impl", "tools/cli"),
+    ("llama-bench", "llama-bench-impl", "tools/llama-bench"),
+    ("llama-perplexity", "llama-perplexity-impl", "tools/perplexity"),
+];
+
+/// One build directory per target dir, shared by every profile and feature set:
+/// llama.cpp is always built in Release, and ccache makes rebuilds cheap.
+pub fn build_dir(root: &Path) -> PathBuf {
+    if let Some(d) = std::env::var_os("TQ_LLAMA_BUILD_DIR") {
+        return PathBuf::from(d);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let target = if target.is_absolute() { target } else { root.join(target) };
+    target.join("llama.cpp-build")
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{what}: cannot start {:?}: {e}", cmd.get_program()))?;
+    if !out.status.success() {
+        let tail = |b: &[u8]| {
+            let s = String::from_utf8_lossy(b).into_owned();
+            let lines: Vec<&str> = s.lines().collect();
+            lines[lines.len().saturating_sub(60)..].join("\n")
+        };
+        return Err(format!("{what} failed ({}):\n{}\n{}", out.status, tail(&out.stdout), tail(&out.stderr)));
+    }
+    Ok(())
+}
+
+pub fn build(root: &Path, src: &Path, build_dir: &Path) -> Result<(), String> {
+    super::vendor::require_tool("cmake", "Debian: apt-get install cmake")?;
+    super::vendor::require_tool("c++", "Debian: apt-get install g++")?;
+    super::vendor::require_tool("make", "Debian: apt-get install make")?;
+    std::fs::create_dir_all(build_dir).map_err(|e| format!("cannot create {}: {e}", build_dir.display()))?;
+
+    let ext = root.join("ggml-ext");
+    let mut cfg = Command::new("cmake");
+    cfg.arg("-S").arg(src).arg("-B").arg(build_dir).args([
+        "-G",
+        "Unix Makefiles",
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_NATIVE=ON",
+        "-DGGML_OPENMP=OFF",
+        "-DGGML_CCACHE=ON",
+        "-DBUILD_SHARED_LIBS=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_TOOLS=ON",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DLLAMA_BUILD_APP=OFF",
+        "-DLLAMA_BUILD_UI=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DTQ_BUILD_TESTS=ON",
+    ]);
+    cfg.arg(format!("-DTQ_EXT_DIR={}", ext.display()));
+    run(&mut cfg, "cmake configure of llama.cpp")?;
+
+    let jobs = std::env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
+    let mut b = Command::new("cmake");
+    b.arg("--build").arg(build_dir).args(["--config", "Release", "-j", &jobs, "--target"]);
+    for (_, imp, _) in TOOLS {
+        b.arg(imp);
+    }
+    b.arg("tq-ggml-tests");
+    run(&mut b, "cmake build of llama.cpp")?;
+    Ok(())
+}
+
+/// Turns cmake's link command for `exe` (link.txt of the Makefile generator) into the
+/// archives and system libraries rustc must add, in cmake's order.
+fn link_inputs(build_dir: &Path, dir: &str, exe: &str) -> Result<Vec<String>, String> {
+    let base = build_dir.join(dir);
+    let path = base.join(format!("CMakeFiles/{exe}.dir/link.txt"));
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for tok in text.split_whitespace().skip(1) {
+        if tok.ends_with(".a") {
+            let p = base.join(tok);
+            let p = p.canonicalize().map_err(|e| format!("{} (from {}): {e}", p.display(), path.display()))?;
+            out.push(p.display().to_string());
+        } else if tok.starts_with("-l") || tok == "-pthread" || tok == "-fopenmp" {
+            out.push(tok.to_string());
+        }
+    }
+    Ok(out)
+}
+
+pub fn emit_link_args(build_dir: &Path) -> Result<(), String> {
+    let sys = ["-lstdc++", "-lm", "-ldl", "-lpthread"];
+    for (bin, _, dir) in TOOLS {
+        for a in link_inputs(build_dir, dir, bin)?.iter().map(String::as_str).chain(sys) {
+            println!("cargo:rustc-link-arg-bin={bin}={a}");
+        }
+    }
+    // Tests: our ggml-level test library and ggml itself.
+    let tests = build_dir.join("ggml/src/libtq-ggml-tests.a");
+    let libs = [tests, build_dir.join("ggml/src/libggml.a"), build_dir.join("ggml/src/libggml-cpu.a"), build_dir.join("ggml/src/libggml-base.a")];
+    for l in &libs {
+        if !l.exists() {
+            return Err(format!("expected {} after the cmake build", l.display()));
+        }
+        println!("cargo:rustc-link-arg-tests={}", l.display());
+    }
+    for a in sys {
+        println!("cargo:rustc-link-arg-tests={a}");
+    }
+    Ok(())
+}

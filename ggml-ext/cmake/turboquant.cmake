@@ -1,0 +1,26 @@
+# Included by the patched ggml/src/CMakeLists.txt right after ggml-base is defined.
+#
+# TQ_EXT_DIR   this ggml-ext/ folder (required; build.rs passes it)
+# TQ_RUST_LIB  optional path of libturboquant.a. The Rust binaries (cargo build) link the
+#              codec themselves and leave this unset; set it when building llama.cpp's own
+#              executables (test-backend-ops, scripts/gpu-check.sh) so they resolve tq_*.
+if (NOT TQ_EXT_DIR OR NOT EXISTS "${TQ_EXT_DIR}/include/turboquant.h")
+    message(FATAL_ERROR "turboquant: set -DTQ_EXT_DIR=<repo>/ggml-ext (this tree carries turboquant patches)")
+endif()
+
+target_include_directories(ggml-base PUBLIC "${TQ_EXT_DIR}/include")
+
+if (TQ_RUST_LIB)
+    if (NOT EXISTS "${TQ_RUST_LIB}")
+        message(FATAL_ERROR "turboquant: TQ_RUST_LIB=${TQ_RUST_LIB} does not exist (cargo build --release --no-default-features)")
+    endif()
+    # The Rust staticlib needs the usual system libraries of a Rust program.
+    target_link_libraries(ggml-base PUBLIC "${TQ_RUST_LIB}" ${CMAKE_DL_LIBS} pthread m)
+endif()
+
+# Our ggml-level tests (ggml-ext/tests), built as a static library that a Rust test links.
+if (TQ_BUILD_TESTS)
+    add_library(tq-ggml-tests STATIC "${TQ_EXT_DIR}/tests/ggml_ops.cpp")
+    target_link_libraries(tq-ggml-tests PUBLIC ggml)
+    target_compile_features(tq-ggml-tests PRIVATE cxx_std_17)
+endif()

@@ -1,0 +1,74 @@
+/*
+ * tq-ggml.h - how ggml and llama.cpp see the turbo types.
+ *
+ * The patches under ggml-ext/patches/ add a handful of upstream lines that include this
+ * header and expand the macros below; everything else about the types lives here and in
+ * the Rust codec (turboquant.h).
+ *
+ * Enum values: upstream appends new ggml types right after the last one (43 at the pin)
+ * and bumps GGML_TYPE_COUNT. We take 96..98, far from that frontier, so a type upstream
+ * adds next never lands on ours; the gap 43..95 stays unnamed, which ggml already copes
+ * with (it has holes at 4, 5, 31-33 and 36-38).
+ */
+#ifndef TQ_GGML_H
+#define TQ_GGML_H
+
+#include "ggml.h"
+#include "turboquant.h"
+
+/* Entries for ggml.c's type_traits table. */
+#define TQ_GGML_TYPE_TRAIT(T, NAME)                                              \
+    [GGML_TYPE_TURBO##T] = {                                                     \
+        .type_name      = NAME,                                                  \
+        .blck_size      = TQ_BLOCK_VALUES,                                       \
+        .type_size      = sizeof(tq_block_turbo##T),                             \
+        .is_quantized   = true,                                                  \
+        .to_float       = (ggml_to_float_t) tq_ggml_dequantize_row_turbo##T,     \
+        .from_float_ref = (ggml_from_float_t) tq_ggml_quantize_row_turbo##T,     \
+    },
+#define TQ_GGML_TYPE_TRAITS                                                      \
+    TQ_GGML_TYPE_TRAIT(2, "turbo2")                                              \
+    TQ_GGML_TYPE_TRAIT(3, "turbo3")                                              \
+    TQ_GGML_TYPE_TRAIT(4, "turbo4")
+
+/* Entries for ggml-cpu.c's type_traits_cpu table: K.Q dots against the f32 query
+   directly (vec_dot_type F32), so flash attention never rounds Q to q8_0. */
+#define TQ_GGML_CPU_TRAIT(T)                                                     \
+    [GGML_TYPE_TURBO##T] = {                                                     \
+        .from_float   = (ggml_from_float_t) tq_ggml_quantize_row_turbo##T,       \
+        .vec_dot      = (ggml_vec_dot_t) tq_ggml_vec_dot_turbo##T##_f32,         \
+        .vec_dot_type = GGML_TYPE_F32,                                           \
+        .nrows        = 1,                                                       \
+    },
+#define TQ_GGML_CPU_TYPE_TRAITS TQ_GGML_CPU_TRAIT(2) TQ_GGML_CPU_TRAIT(3) TQ_GGML_CPU_TRAIT(4)
+
+/* `case` labels for ggml-cpu switches that list every quantized type. */
+#define TQ_GGML_CASES                                                            \
+    case GGML_TYPE_TURBO2:                                                       \
+    case GGML_TYPE_TURBO3:                                                       \
+    case GGML_TYPE_TURBO4:
+
+#define TQ_GGML_IS_TURBO(t) \
+    ((int) (t) >= (int) GGML_TYPE_TURBO2 && (int) (t) <= (int) GGML_TYPE_TURBO4)
+
+/* The codec type (TQ_TURBO2..4) of a ggml type, or -1. */
+static inline int tq_ggml_codec_type(int ggml_type) {
+    return TQ_GGML_IS_TURBO(ggml_type) ? ggml_type - (int) GGML_TYPE_TURBO2 + TQ_TURBO2 : -1;
+}
+
+/* Flash-attention V accumulation, y += v * decode(x), or NULL for non-turbo types. */
+typedef void (*tq_ggml_mad_t)(const void *x, float *y, int64_t k, float v);
+static inline tq_ggml_mad_t tq_ggml_mad_fn(int ggml_type) {
+    switch (tq_ggml_codec_type(ggml_type)) {
+        case TQ_TURBO2: return tq_ggml_mad_turbo2;
+        case TQ_TURBO3: return tq_ggml_mad_turbo3;
+        case TQ_TURBO4: return tq_ggml_mad_turbo4;
+        default:        return NULL;
+    }
+}
+
+/* Name of the rotation input tensor when it holds our seeded matrix instead of the plain
+   Walsh-Hadamard one; llama_mul_mat_hadamard must then not ask for the unsigned FWHT. */
+#define TQ_ROT_SEEDED_SUFFIX "_seeded"
+
+#endif /* TQ_GGML_H */

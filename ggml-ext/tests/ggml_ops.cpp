@@ -1,0 +1,210 @@
+// ggml-level tests of the turbo types on the CPU backend, called from tests/ggml_ops.rs.
+//
+// Each entry point runs real ggml graphs (SET_ROWS, GET_ROWS, CPY, MUL_MAT,
+// FLASH_ATTN_EXT) and compares them with the Rust codec (tq_quantize / tq_dequantize)
+// or with the same op on f32 tensors holding the decoded values. It returns 0 on
+// success, or writes what differed into `err` and returns 1.
+
+#include "ggml.h"
+#include "ggml-cpu.h"
+#include "tq-ggml.h"
+
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+struct Err {
+    char * buf;
+    size_t cap;
+    int fail(const char * fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, cap, fmt, ap);
+        va_end(ap);
+        return 1;
+    }
+};
+
+struct Ctx {
+    ggml_context * ctx;
+    explicit Ctx(size_t mb) {
+        ggml_init_params p = { mb * 1024 * 1024, nullptr, false };
+        ctx = ggml_init(p);
+    }
+    ~Ctx() { ggml_free(ctx); }
+};
+
+std::vector<float> gaussian(size_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto & x : v) x = d(rng);
+    return v;
+}
+
+void compute(ggml_context * ctx, ggml_tensor * out, int threads = 2) {
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    ggml_graph_compute_with_ctx(ctx, gf, threads);
+}
+
+// Fill a tensor of any type from f32 values (quantizing through ggml's own traits).
+void fill(ggml_tensor * t, const std::vector<float> & v) {
+    if (t->type == GGML_TYPE_F32) {
+        memcpy(t->data, v.data(), v.size() * sizeof(float));
+    } else {
+        ggml_quantize_chunk(t->type, v.data(), t->data, 0, ggml_nrows(t), t->ne[0], nullptr);
+    }
+}
+
+// Decode any tensor to f32 values with ggml's to_float.
+std::vector<float> decode(const ggml_tensor * t) {
+    std::vector<float> out(ggml_nelements(t));
+    if (t->type == GGML_TYPE_F32) {
+        memcpy(out.data(), t->data, out.size() * sizeof(float));
+    } else {
+        ggml_get_type_traits(t->type)->to_float(t->data, out.data(), out.size());
+    }
+    return out;
+}
+
+const ggml_type TURBO[3] = { GGML_TYPE_TURBO2, GGML_TYPE_TURBO3, GGML_TYPE_TURBO4 };
+
+} // namespace
+
+extern "C" int tq_test_type_traits(char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    const char * names[3] = { "turbo2", "turbo3", "turbo4" };
+    for (int i = 0; i < 3; ++i) {
+        const ggml_type t = TURBO[i];
+        const int ct = tq_ggml_codec_type(t);
+        if (strcmp(ggml_type_name(t), names[i]) != 0) return err.fail("name %s != %s", ggml_type_name(t), names[i]);
+        if (ggml_blck_size(t) != tq_block_values(ct)) return err.fail("%s: block size %lld", names[i], (long long) ggml_blck_size(t));
+        if ((int64_t) ggml_type_size(t) != tq_block_bytes(ct)) return err.fail("%s: type size %zu", names[i], ggml_type_size(t));
+        if (!ggml_is_quantized(t)) return err.fail("%s is not quantized", names[i]);
+        if (ggml_get_type_traits_cpu(t)->vec_dot_type != GGML_TYPE_F32) return err.fail("%s: vec_dot_type", names[i]);
+    }
+    return 0;
+}
+
+// SET_ROWS (the cache write) then GET_ROWS and CPY (dequant) against the Rust codec.
+extern "C" int tq_test_set_get_rows(char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    const int64_t D = 256, n_rows = 7, n_cache = 16;
+    for (ggml_type t : TURBO) {
+        Ctx c(64);
+        auto src_v = gaussian(D * n_rows, 1234 + t);
+        src_v[3] = NAN; // a bad value must stay inside its own block
+        ggml_tensor * src = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, D, n_rows);
+        memcpy(src->data, src_v.data(), src_v.size() * sizeof(float));
+        ggml_tensor * cache = ggml_new_tensor_2d(c.ctx, t, D, n_cache);
+        memset(cache->data, 0, ggml_nbytes(cache));
+        ggml_tensor * idx = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I64, n_rows);
+        const int64_t slots[n_rows] = { 3, 0, 9, 15, 4, 11, 7 };
+        memcpy(idx->data, slots, sizeof(slots));
+        compute(c.ctx, ggml_set_rows(c.ctx, cache, src, idx));
+
+        std::vector<uint8_t> want(ggml_row_size(t, D));
+        std::vector<float> want_f(D);
+        ggml_tensor * got = ggml_get_rows(c.ctx, cache, idx);
+        ggml_tensor * all = ggml_cpy(c.ctx, cache, ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, D, n_cache));
+        compute(c.ctx, got);
+        compute(c.ctx, all);
+        for (int64_t r = 0; r < n_rows; ++r) {
+            if (tq_quantize(tq_ggml_codec_type(t), src_v.data() + r * D, want.data(), D) != 0) return err.fail("tq_quantize");
+            const uint8_t * row = (const uint8_t *) cache->data + slots[r] * cache->nb[1];
+            if (memcmp(row, want.data(), want.size()) != 0) return err.fail("%s: SET_ROWS bytes differ from tq_quantize (row %lld)", ggml_type_name(t), (long long) r);
+            tq_dequantize(tq_ggml_codec_type(t), want.data(), want_f.data(), D);
+            const float * g = (const float *) ((char *) got->data + r * got->nb[1]);
+            const float * a = (const float *) ((char *) all->data + slots[r] * all->nb[1]);
+            for (int64_t j = 0; j < D; ++j) {
+                if (!std::isfinite(g[j])) return err.fail("%s: non-finite decode at row %lld col %lld", ggml_type_name(t), (long long) r, (long long) j);
+                if (memcmp(&g[j], &want_f[j], 4) != 0) return err.fail("%s: GET_ROWS != tq_dequantize at (%lld,%lld): %g vs %g", ggml_type_name(t), (long long) r, (long long) j, g[j], want_f[j]);
+                if (memcmp(&a[j], &want_f[j], 4) != 0) return err.fail("%s: CPY != tq_dequantize at (%lld,%lld)", ggml_type_name(t), (long long) r, (long long) j);
+            }
+        }
+    }
+    return 0;
+}
+
+// MUL_MAT with turbo src0 (K.Q without flash attention) equals MUL_MAT on decoded f32.
+extern "C" int tq_test_mul_mat(char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    const int64_t D = 128, n_kv = 33, n_q = 5;
+    for (ggml_type t : TURBO) {
+        Ctx c(64);
+        ggml_tensor * k = ggml_new_tensor_2d(c.ctx, t, D, n_kv);
+        fill(k, gaussian(D * n_kv, 77 + t));
+        ggml_tensor * kf = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, D, n_kv);
+        fill(kf, decode(k));
+        ggml_tensor * q = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, D, n_q);
+        fill(q, gaussian(D * n_q, 99));
+        ggml_tensor * a = ggml_mul_mat(c.ctx, k, q);
+        ggml_tensor * b = ggml_mul_mat(c.ctx, kf, q);
+        compute(c.ctx, a);
+        compute(c.ctx, b);
+        auto av = decode(a), bv = decode(b);
+        for (size_t i = 0; i < av.size(); ++i) {
+            if (std::fabs(av[i] - bv[i]) > 1e-4f * (1.0f + std::fabs(bv[i]))) return err.fail("%s: mul_mat %zu: %g vs %g", ggml_type_name(t), i, av[i], bv[i]);
+        }
+    }
+    return 0;
+}
+
+// FLASH_ATTN_EXT with (k_type, v_type) equals the same op where every turbo tensor is
+// replaced by f32 holding its decoded values. head size D, GQA ratio gqa.
+extern "C" int tq_test_flash_attn(int k_type, int v_type, int64_t D, int64_t gqa, char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    const int64_t n_kv = 256, n_q = 3, n_head_kv = 2, n_head = n_head_kv * gqa;
+    Ctx c(256);
+    auto mk = [&](ggml_type t, uint32_t seed) {
+        ggml_tensor * x = ggml_new_tensor_3d(c.ctx, t, D, n_kv, n_head_kv);
+        auto v = gaussian(D * n_kv * n_head_kv, seed);
+        for (int64_t h = 0; h < n_head_kv; ++h) { // a per-channel offset, as real keys have
+            for (int64_t i = 0; i < n_kv; ++i) v[(h * n_kv + i) * D + 5] += 3.0f;
+        }
+        fill(x, v);
+        return x;
+    };
+    auto as_ref = [&](ggml_tensor * x) {
+        if (!TQ_GGML_IS_TURBO(x->type)) return x;
+        ggml_tensor * f = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, x->ne[0], x->ne[1], x->ne[2]);
+        fill(f, decode(x));
+        return f;
+    };
+    ggml_tensor * k = mk((ggml_type) k_type, 11);
+    ggml_tensor * v = mk((ggml_type) v_type, 12);
+    ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, D, n_q, n_head);
+    fill(q, gaussian(D * n_q * n_head, 13, 0.3f));
+    // causal mask over the last positions (f16, one row per query)
+    ggml_tensor * mask = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F16, n_kv, n_q);
+    ggml_fp16_t * m = (ggml_fp16_t *) mask->data;
+    for (int64_t i = 0; i < mask->ne[1]; ++i) {
+        for (int64_t j = 0; j < n_kv; ++j) {
+            m[i * n_kv + j] = ggml_fp32_to_fp16(j > n_kv - n_q + i ? -INFINITY : 0.0f);
+        }
+    }
+    const float scale = 1.0f / std::sqrt((float) D);
+    ggml_tensor * a = ggml_flash_attn_ext(c.ctx, q, k, v, mask, scale, 0.0f, 0.0f);
+    ggml_tensor * b = ggml_flash_attn_ext(c.ctx, q, as_ref(k), as_ref(v), mask, scale, 0.0f, 0.0f);
+    ggml_flash_attn_ext_set_prec(a, GGML_PREC_F32);
+    ggml_flash_attn_ext_set_prec(b, GGML_PREC_F32);
+    compute(c.ctx, a);
+    compute(c.ctx, b);
+    auto av = decode(a), bv = decode(b);
+    double worst = 0;
+    for (size_t i = 0; i < av.size(); ++i) {
+        if (!std::isfinite(av[i])) return err.fail("non-finite output at %zu", i);
+        worst = std::fmax(worst, std::fabs(av[i] - bv[i]) / (1.0 + std::fabs(bv[i])));
+    }
+    if (worst > 1e-4) {
+        return err.fail("FA %s/%s D=%lld gqa=%lld differs from f32 reference by %g", ggml_type_name((ggml_type) k_type),
+                        ggml_type_name((ggml_type) v_type), (long long) D, (long long) gqa, worst);
+    }
+    return 0;
+}

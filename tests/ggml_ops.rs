@@ -1,0 +1,66 @@
+//! ggml-level tests: real ggml graphs on the CPU backend of the patched llama.cpp
+//! (ggml-ext/tests/ggml_ops.cpp), checked against the Rust codec. Needs the `llama`
+//! feature, which builds and links ggml.
+#![cfg(feature = "llama")]
+
+use std::ffi::{c_char, c_int, CStr};
+
+extern "C" {
+    fn tq_test_type_traits(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_set_get_rows(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_mul_mat(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_flash_attn(k_type: c_int, v_type: c_int, d: i64, gqa: i64, err: *mut c_char, cap: usize) -> c_int;
+}
+
+// ggml type ids (ggml.h at the pin, plus ours from ggml-ext/include/tq-ggml.h).
+const F16: c_int = 1;
+const Q8_0: c_int = 8;
+const TURBO2: c_int = 96;
+const TURBO3: c_int = 97;
+const TURBO4: c_int = 98;
+
+fn check(f: impl FnOnce(*mut c_char, usize) -> c_int) {
+    std::hint::black_box(turboquant::ffi::link_anchor());
+    let mut buf = [0 as c_char; 512];
+    let rc = f(buf.as_mut_ptr(), buf.len());
+    let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+    assert_eq!(rc, 0, "{msg}");
+}
+
+#[test]
+fn type_traits_match_the_codec() {
+    check(|e, n| unsafe { tq_test_type_traits(e, n) });
+}
+
+#[test]
+fn set_rows_then_get_rows_and_cpy_equal_the_rust_codec_bit_for_bit() {
+    check(|e, n| unsafe { tq_test_set_get_rows(e, n) });
+}
+
+#[test]
+fn mul_mat_with_turbo_keys_equals_f32_of_decoded_keys() {
+    check(|e, n| unsafe { tq_test_mul_mat(e, n) });
+}
+
+#[test]
+fn flash_attn_turbo_pairs_equal_f32_reference_for_every_head_size_and_gqa() {
+    let turbo = [TURBO2, TURBO3, TURBO4];
+    for &k in &turbo {
+        for &v in &turbo {
+            for d in [64, 128, 256] {
+                for gqa in [1, 3, 8] {
+                    check(|e, n| unsafe { tq_test_flash_attn(k, v, d, gqa, e, n) });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn flash_attn_mixed_pairs_equal_f32_reference() {
+    for (k, v) in [(TURBO4, TURBO2), (Q8_0, TURBO3), (TURBO3, F16), (TURBO4, Q8_0)] {
+        for d in [64, 128, 256] {
+            check(|e, n| unsafe { tq_test_flash_attn(k, v, d, 3, e, n) });
+        }
+    }
+}
