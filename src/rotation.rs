@@ -12,6 +12,10 @@
 
 use crate::error::{Result, TqError};
 
+/// The seed of the rotation llama.cpp uses for turbo caches (`TQ_DEFAULT_SEED`,
+/// ASCII "Turbquat").
+pub const DEFAULT_SEED: u64 = 0x5475_7262_7175_6174;
+
 /// SplitMix64 (Steele, Lea, Flood 2014).
 #[derive(Clone, Debug)]
 pub struct SplitMix64 {

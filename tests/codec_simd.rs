@@ -9,7 +9,7 @@ use turboquant::TqType;
 const LENS: [usize; 6] = [64, 128, 192, 256, 1024, 4096];
 
 fn cases(seed: u64) -> Vec<(TqType, usize, Vec<u8>, Vec<f32>)> {
-    let mut rng = Rng::new(seed);
+    let mut rng = TRng::new(seed);
     let mut out = vec![];
     for ty in TqType::ALL {
         for n in LENS {
@@ -127,7 +127,7 @@ fn corrupt_scales_decode_to_zero_on_every_level() {
     // NaN, +Inf, -Inf, negative normal, negative subnormal: all decode to 0.
     for bits in [0x7e00u16, 0x7c00, 0xfc00, 0xbc00, 0x8001] {
         for ty in TqType::ALL {
-            let mut rng = Rng::new(bits as u64);
+            let mut rng = TRng::new(bits as u64);
             let mut x = rng.blocks(ty, 3);
             x[ty.block_bytes()..ty.block_bytes() + 2].copy_from_slice(&bits.to_ne_bytes());
             for level in available_levels() {
@@ -150,7 +150,7 @@ fn corrupt_scales_decode_to_zero_on_every_level() {
 
 #[test]
 fn dispatching_api_uses_a_supported_level() {
-    let mut rng = Rng::new(9);
+    let mut rng = TRng::new(9);
     for ty in TqType::ALL {
         let x = rng.blocks(ty, 2);
         let y = rng.gauss_vec(128);

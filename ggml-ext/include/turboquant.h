@@ -11,13 +11,30 @@
  *   turbo3  3.25        26           u16 d; u8 qs[24]   (16 bytes low 2 bits, 8 bytes high bit)
  *   turbo4  4.25        34           u16 d; u8 qs[32]
  *
- * Decoding value j of a block: y[j] = fp16_to_f32(d) * codebook[idx[j]].
+ * Decoding value j of a block: y[j] = fp16_to_f32(d) * codebook[idx[j]] (one f32
+ * multiply). A stored scale that is NaN, infinite or negative (never written by the
+ * encoder) decodes as 0, so decoding never yields NaN; tq_ggml_validate_row rejects it.
  * Encoding: n = ||x||; idx[j] = nearest centroid of x[j]/n (ties go to the lower
  * centroid); d = n / ||codebook[idx]|| rounded to fp16, so the decoded block keeps
- * the original norm.
+ * the original norm. Bit for bit (the CUDA port reproduces it):
+ *   1. sanitize: NaN -> 0, +-Inf -> +-65504, other values unchanged;
+ *   2. n = sqrt(sum x[j]^2), squares and sum in double, j = 0..63 in order;
+ *   3. n == 0: d = 0 and every idx = 2^(bits-1) (the smallest positive centroid);
+ *   4. u = (double) x[j] / n; idx[j] = number of thresholds t (TQ_THRESHOLDS_<b>BIT
+ *      in turboquant_tables.h, ascending, widened to double) with u > t;
+ *   5. cn = sqrt(sum codebook[idx[j]]^2) in double; d = fp16((float) (n / cn)),
+ *      round to nearest even; an overflow to infinity is clamped to 65504.
+ * Packing of idx[j] into qs:
+ *   turbo4: qs[i] = idx[i] | idx[i+32] << 4, i < 32;
+ *   turbo2: qs[i] = idx[i] | idx[i+16] << 2 | idx[i+32] << 4 | idx[i+48] << 6, i < 16;
+ *   turbo3: qs[0..16) = the low 2 bits in the turbo2 layout; bit j%8 of qs[16 + j/8]
+ *           is idx[j] >> 2.
+ * Codebooks and thresholds: turboquant_tables.h (generated from the Rust solver).
  *
  * Every function is safe to call with bad input: it returns a negative error code
- * (see tq_error_string) and never aborts or unwinds into C.
+ * (see tq_error_string) and never aborts or unwinds into C. Checks run in this order:
+ * type (or rotation dim), then pointers (NULL is an error even when n == 0), then
+ * lengths.
  * The tq_ggml_* row functions are the hot paths ggml calls; they trust ggml's
  * invariants (non-null, k a multiple of 64) and do no allocation.
  */
@@ -63,6 +80,9 @@ int tq_dequantize(int type, const void *in, float *y, int64_t n);
 /* Dot product of n encoded values with an f32 vector; result in *out. */
 int tq_vec_dot_f32(int type, const void *x, const float *y, int64_t n, float *out);
 
+/* Checked y[0..n) += v * decode(x); same errors as tq_dequantize. */
+int tq_mad(int type, const void *x, float *y, int64_t n, float v);
+
 /* The seeded rotation as a dense dim x dim row-major orthogonal matrix.
    R = D H D / sqrt(dim) with H the Sylvester Walsh-Hadamard matrix and D = diag(+-1)
    drawn from the seed: R is symmetric and R*R = I, so applying it twice undoes it
@@ -73,11 +93,16 @@ int tq_rotation_matrix(int64_t dim, uint64_t seed, float *out);
 /* The same map applied in place to n/dim consecutive vectors of length dim, O(dim log dim). */
 int tq_rotate(int64_t dim, uint64_t seed, float *x, int64_t n);
 
-/* Codebook centroids (ascending, 2^bits of them) that type `type` decodes with. */
+/* Codebook centroids (ascending, 2^bits of them) that type `type` decodes with.
+   capacity < 2^bits: TQ_ERR_BAD_LENGTH. Returns 0. */
 int tq_codebook(int type, float *out, int64_t capacity);
 
 /* A static, human-readable message for an error code. Never NULL. */
 const char *tq_error_string(int code);
+
+/* Name of the CPU code path the kernels dispatch to ("avx512", "avx2", "scalar";
+   TQ_SIMD=scalar|avx2 in the environment caps it). Static, never NULL. */
+const char *tq_simd_name(void);
 
 /* --- ggml hooks: exact ggml signatures, no checks beyond ggml's own invariants --- */
 void tq_ggml_quantize_row_turbo2(const float *x, void *y, int64_t k);
@@ -101,7 +126,9 @@ void tq_ggml_mad_turbo2(const void *x, float *y, int64_t k, float v);
 void tq_ggml_mad_turbo3(const void *x, float *y, int64_t k, float v);
 void tq_ggml_mad_turbo4(const void *x, float *y, int64_t k, float v);
 
-/* ggml_validate_row_data: 1 if every block scale is finite and non-negative. */
+/* ggml_validate_row_data: 1 if every block scale is finite and non-negative; 0 otherwise,
+   also when nbytes is not a whole number of blocks, the type is unknown, or x is NULL
+   with nbytes > 0. */
 int tq_ggml_validate_row(int type, const void *x, size_t nbytes);
 
 #ifdef __cplusplus

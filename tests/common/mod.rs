@@ -4,11 +4,11 @@
 use turboquant::rotation::SplitMix64;
 use turboquant::TqType;
 
-pub struct Rng(pub SplitMix64);
+pub struct TRng(pub SplitMix64);
 
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(SplitMix64::new(seed))
+impl TRng {
+    pub fn new(seed: u64) -> TRng {
+        TRng(SplitMix64::new(seed))
     }
     pub fn gauss(&mut self) -> f32 {
         self.0.next_gaussian() as f32
