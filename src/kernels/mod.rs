@@ -2,8 +2,10 @@
 //! scalar reference (the test oracle, and the only encoder) and SIMD paths
 //! side by side, selected once at run time.
 //!
-//! * `from_float` (quantize) is scalar only, so its bytes are reproducible
-//!   everywhere (see [`scalar::quantize_block`] for the exact rule).
+//! * `from_float` (quantize) is scalar code only, so its bytes are reproducible
+//!   everywhere (see [`scalar::quantize_block`] for the exact rule); the same
+//!   code is compiled a second time with AVX2 / AVX-512 enabled, which changes
+//!   the speed, never the bytes.
 //! * `to_float` (dequantize) on every path computes `d * C[idx]` with one f32
 //!   multiply and is bit-exact with the scalar oracle.
 //! * `mad` (`y += v * decode(x)`) computes `v * (d * C[idx])` then adds, on
@@ -31,7 +33,7 @@ pub enum SimdLevel {
     Scalar = 0,
     /// x86-64 AVX2 + FMA.
     Avx2 = 1,
-    /// x86-64 AVX-512F.
+    /// x86-64 AVX-512 (F, BW, VL).
     Avx512 = 2,
 }
 
@@ -52,7 +54,11 @@ impl SimdLevel {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => is_x86_feature_detected!("avx512f"),
+            SimdLevel::Avx512 => {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+            }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }

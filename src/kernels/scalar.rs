@@ -33,33 +33,41 @@ pub fn sanitize(v: f32) -> f32 {
 ///    thresholds `T` widened to f64 (a tie goes to the lower centroid);
 /// 5. `cn = sqrt(Σ C[idx_j]²)` in f64 (sequential); `d = f16(f32(n / cn))`,
 ///    round to nearest even, an overflow to ±Inf clamped to 65504.
+#[inline(always)]
 pub fn quantize_block(ty: TqType, x: &[f32], out: &mut [u8]) {
     let x = &x[..QK];
-    let mut xs = [0f32; QK];
+    let mut xs = [0f64; QK];
     let mut ss = 0f64;
     for (dst, &v) in xs.iter_mut().zip(x) {
-        let v = sanitize(v);
+        let v = sanitize(v) as f64;
         *dst = v;
-        ss += (v as f64) * (v as f64);
+        ss += v * v;
     }
     let n = ss.sqrt();
-    let mut idx = [0u8; QK];
+    let idx: [u8; QK];
     let d: u16;
     if n == 0.0 || !n.is_finite() {
         idx = [(ty.levels() / 2) as u8; QK];
         d = 0;
     } else {
         let cb = ty.codebook();
-        let thr = ty.thresholds();
-        let mut cs = 0f64;
-        for (k, &v) in idx.iter_mut().zip(xs.iter()) {
-            let u = v as f64 / n;
-            let mut c = 0u8;
-            for &t in thr {
-                c += (u > t as f64) as u8;
+        // u_j = x_j / n; idx_j = #{k : u_j > T[k]} (thresholds outer, values inner:
+        // the compiler vectorizes across the 64 values).
+        let mut u = [0f64; QK];
+        for (u, &v) in u.iter_mut().zip(xs.iter()) {
+            *u = v / n;
+        }
+        let mut cnt = [0u8; QK];
+        for &t in ty.thresholds() {
+            let t = t as f64;
+            for (c, &uj) in cnt.iter_mut().zip(u.iter()) {
+                *c += (uj > t) as u8;
             }
-            *k = c;
-            let cv = cb[c as usize] as f64;
+        }
+        idx = cnt;
+        let mut cs = 0f64;
+        for &k in idx.iter() {
+            let cv = cb[k as usize] as f64;
             cs += cv * cv;
         }
         let cn = cs.sqrt();
@@ -74,8 +82,59 @@ pub fn quantize_block(ty: TqType, x: &[f32], out: &mut [u8]) {
     pack_indices(ty, &idx, &mut out[2..ty.block_bytes()]);
 }
 
+/// `#{k : u > thr[k]}` for the `2 * half - 1` ascending thresholds in `thr`,
+/// by a branchless binary search (the same count as a linear scan).
+#[inline(always)]
+pub fn index_of(u: f64, thr: &[f64; 15], half: usize) -> usize {
+    let mut k = 0usize;
+    let mut step = half;
+    while step > 0 {
+        k += step * (u > thr[k + step - 1]) as usize;
+        step /= 2;
+    }
+    k
+}
+
 /// Encodes `x.len() / 64` blocks.
+///
+/// The same scalar code is also compiled with AVX2 / AVX-512 enabled and picked
+/// at run time: every operation in it is an exactly rounded IEEE operation (no
+/// reassociation, no FMA contraction in Rust), so the bytes are identical on
+/// every path (tests/codec_golden.rs pins them).
 pub fn quantize_row(ty: TqType, x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::SimdLevel;
+        match super::simd_level() {
+            // SAFETY: the level is only ever set to one the CPU supports.
+            SimdLevel::Avx512 => return unsafe { quantize_row_avx512(ty, x, out) },
+            SimdLevel::Avx2 => return unsafe { quantize_row_avx2(ty, x, out) },
+            SimdLevel::Scalar => {}
+        }
+    }
+    quantize_row_generic(ty, x, out)
+}
+
+/// The portable build of the encoder (the reference).
+pub fn quantize_row_generic(ty: TqType, x: &[f32], out: &mut [u8]) {
+    let bb = ty.block_bytes();
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
+        quantize_block(ty, xb, ob);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_row_avx2(ty: TqType, x: &[f32], out: &mut [u8]) {
+    let bb = ty.block_bytes();
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
+        quantize_block(ty, xb, ob);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn quantize_row_avx512(ty: TqType, x: &[f32], out: &mut [u8]) {
     let bb = ty.block_bytes();
     for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
         quantize_block(ty, xb, ob);
@@ -124,6 +183,35 @@ pub fn mad_row(ty: TqType, x: &[u8], y: &mut [f32], v: f32) {
         unpack_indices(ty, &b[2..], &mut idx);
         for (o, &k) in yb.iter_mut().zip(idx.iter()) {
             *o += v * (d * cb[k as usize]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_search_equals_linear_count() {
+        for ty in TqType::ALL {
+            let t = ty.thresholds();
+            let mut thr = [0f64; 15];
+            for (d, &v) in thr.iter_mut().zip(t) {
+                *d = v as f64;
+            }
+            let mut probes: Vec<f64> = vec![-1.0, 1.0, 0.0, -0.0, -1e-300, 1e-300];
+            for &v in t {
+                let v = v as f64;
+                // exactly on a threshold (ties go to the lower centroid) and next to it
+                probes.extend([v, v.next_up(), v.next_down()]);
+            }
+            for i in -4000..=4000 {
+                probes.push(i as f64 * 1e-4);
+            }
+            for u in probes {
+                let want = t.iter().filter(|&&x| u > x as f64).count();
+                assert_eq!(index_of(u, &thr, ty.levels() / 2), want, "{ty:?} u={u}");
+            }
         }
     }
 }
