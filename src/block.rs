@@ -41,18 +41,12 @@ pub struct BlockTurbo3 {
 
 /// turbo4 block: 4.25 bits per value.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlockTurbo4 {
     /// fp16 scale (raw bits).
     pub d: u16,
     /// 64 four-bit indices.
     pub qs: [u8; 32],
-}
-
-impl Default for BlockTurbo4 {
-    fn default() -> Self {
-        BlockTurbo4 { d: 0, qs: [0; 32] }
-    }
 }
 
 const _: () = assert!(core::mem::size_of::<BlockTurbo2>() == 18);

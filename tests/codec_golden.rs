@@ -11,7 +11,7 @@ fn input() -> Vec<f32> {
     let mut r = SplitMix64::new(2504);
     let mut x = Vec::with_capacity(4096 * 64);
     for b in 0..4096 {
-        let scale = 2f32.powi((b % 41) as i32 - 20);
+        let scale = 2f32.powi(b % 41 - 20);
         for _ in 0..64 {
             x.push(r.next_gaussian() as f32 * scale);
         }
