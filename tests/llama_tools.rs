@@ -78,7 +78,7 @@ fn kv_cache_size_at_ctx_4096_is_f16_times_bits_over_16() {
             .arg(model())
             .arg("-f")
             .arg(corpus())
-            .args(["-c", "4096", "--chunks", "1", "-fa", "on", "-t", "2", "-ctk", ctk, "-ctv", ctv]));
+            .args(["-c", "4096", "--chunks", "1", "-fa", "on", "-t", "2", "-lv", "4", "-ctk", ctk, "-ctv", ctv]));
         let t = text(&o);
         assert!(o.status.success(), "{t}");
         kv_sizes(&t)

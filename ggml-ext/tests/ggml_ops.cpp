@@ -111,7 +111,9 @@ extern "C" int tq_test_set_get_rows(char * err_buf, size_t cap) {
 
         std::vector<uint8_t> want(ggml_row_size(t, D));
         std::vector<float> want_f(D);
-        ggml_tensor * got = ggml_get_rows(c.ctx, cache, idx);
+        ggml_tensor * idx32 = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, n_rows); // GET_ROWS takes i32
+        for (int64_t r = 0; r < n_rows; ++r) ((int32_t *) idx32->data)[r] = (int32_t) slots[r];
+        ggml_tensor * got = ggml_get_rows(c.ctx, cache, idx32);
         ggml_tensor * all = ggml_cpy(c.ctx, cache, ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, D, n_cache));
         compute(c.ctx, got);
         compute(c.ctx, all);
@@ -202,7 +204,10 @@ extern "C" int tq_test_flash_attn(int k_type, int v_type, int64_t D, int64_t gqa
         if (!std::isfinite(av[i])) return err.fail("non-finite output at %zu", i);
         worst = std::fmax(worst, std::fabs(av[i] - bv[i]) / (1.0 + std::fabs(bv[i])));
     }
-    if (worst > 1e-4) {
+    // An f16 V cache is accumulated in f16 by the CPU kernel: last-bit differences in the
+    // scores (SIMD summation order) then show at f16 precision (2^-10), not f32's.
+    const double tol = v_type == GGML_TYPE_F16 ? 2e-3 : 1e-4;
+    if (worst > tol) {
         return err.fail("FA %s/%s D=%lld gqa=%lld differs from f32 reference by %g", ggml_type_name((ggml_type) k_type),
                         ggml_type_name((ggml_type) v_type), (long long) D, (long long) gqa, worst);
     }
