@@ -96,9 +96,19 @@ macro_rules! avx2_t3_groups {
         let q0 = ld8(qs);
         let q1 = ld8(qs.add(8));
         let (tlo, thi) = ($tlo, $thi);
-        let sh = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+        // High-bit byte g is broadcast straight from memory (a load, no shuffle
+        // port): a dword at qs+16+g (g < 4) has it in bits 0-7, a dword at
+        // qs+13+g (g >= 4, stays inside the block) in bits 24-31; the variable
+        // shift moves bit l of it to the sign bit of lane l.
+        let sh_lo = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+        let sh_hi = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
         let look = |i: __m256i, g: usize| {
-            let m = _mm256_sllv_epi32(_mm256_set1_epi32(*qs.add(16 + g) as i32), sh);
+            let (p, sh) = if g < 4 {
+                (qs.add(16 + g), sh_lo)
+            } else {
+                (qs.add(13 + g), sh_hi)
+            };
+            let m = _mm256_sllv_epi32(_mm256_set1_epi32((p as *const i32).read_unaligned()), sh);
             _mm256_blendv_ps(
                 _mm256_permutevar8x32_ps(tlo, i),
                 _mm256_permutevar8x32_ps(thi, i),
@@ -154,22 +164,19 @@ macro_rules! avx2_kernels {
         #[target_feature(enable = "avx2,fma")]
         pub unsafe fn $dot(x: *const u8, y: *const f32, nb: usize) -> f32 {
             let tabs = [$(_mm256_loadu_ps($tab.as_ptr())),+];
-            let mut acc0 = _mm256_setzero_ps();
-            let mut acc1 = _mm256_setzero_ps();
+            // four independent accumulators hide the FMA latency
+            let mut acc = [_mm256_setzero_ps(); 4];
             for b in 0..nb {
                 let blk = x.add(b * $bytes);
                 let d = _mm256_set1_ps(scale_at(blk));
                 let yb = y.add(b * 64);
                 let mut f = |off: usize, v: __m256| {
-                    if off & 8 == 0 {
-                        acc0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(yb.add(off)), acc0);
-                    } else {
-                        acc1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(yb.add(off)), acc1);
-                    }
+                    let a = &mut acc[(off / 8) % 4];
+                    *a = _mm256_fmadd_ps(v, _mm256_loadu_ps(yb.add(off)), *a);
                 };
                 avx2_kernels!(@call $groups, blk.add(2), d, tabs, f, [$($tab),+]);
             }
-            hsum256(_mm256_add_ps(acc0, acc1))
+            hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
         }
 
         #[target_feature(enable = "avx2,fma")]
@@ -295,22 +302,18 @@ macro_rules! avx512_kernels {
         #[target_feature(enable = "avx512f")]
         pub unsafe fn $dot(x: *const u8, y: *const f32, nb: usize) -> f32 {
             let tabs = [$(_mm512_loadu_ps($tab.as_ptr())),+];
-            let mut acc0 = _mm512_setzero_ps();
-            let mut acc1 = _mm512_setzero_ps();
+            let mut acc = [_mm512_setzero_ps(); 4];
             for b in 0..nb {
                 let blk = x.add(b * $bytes);
                 let d = _mm512_set1_ps(scale_at(blk));
                 let yb = y.add(b * 64);
                 let mut f = |off: usize, v: __m512| {
-                    if off & 16 == 0 {
-                        acc0 = _mm512_fmadd_ps(v, _mm512_loadu_ps(yb.add(off)), acc0);
-                    } else {
-                        acc1 = _mm512_fmadd_ps(v, _mm512_loadu_ps(yb.add(off)), acc1);
-                    }
+                    let a = &mut acc[(off / 16) % 4];
+                    *a = _mm512_fmadd_ps(v, _mm512_loadu_ps(yb.add(off)), *a);
                 };
                 avx512_kernels!(@call $groups, blk.add(2), d, tabs, f, [$($tab),+]);
             }
-            _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+            _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
         }
 
         #[target_feature(enable = "avx512f")]
