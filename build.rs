@@ -28,7 +28,13 @@ fn main() {
 }
 
 fn run(root: &std::path::Path) -> Result<(), String> {
-    for p in ["vendor/llama.cpp.pin", "ggml-ext/patches", "ggml-ext/include", "ggml-ext/cmake", "ggml-ext/tests"] {
+    for p in [
+        "vendor/llama.cpp.pin",
+        "ggml-ext/patches",
+        "ggml-ext/include",
+        "ggml-ext/cmake",
+        "ggml-ext/tests",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=LLAMA_CPP_DIR");

@@ -9,7 +9,11 @@ pub const TOOLS: &[(&str, &str, &str)] = &[
     ("llama-server", "llama-server-impl", "tools/server"),
     ("llama-cli", "llama-cli-impl", "tools/cli"),
     ("llama-bench", "llama-bench-impl", "tools/llama-bench"),
-    ("llama-perplexity", "llama-perplexity-impl", "tools/perplexity"),
+    (
+        "llama-perplexity",
+        "llama-perplexity-impl",
+        "tools/perplexity",
+    ),
 ];
 
 /// One build directory per target dir, shared by every profile and feature set:
@@ -18,20 +22,33 @@ pub fn build_dir(root: &Path) -> PathBuf {
     if let Some(d) = std::env::var_os("TQ_LLAMA_BUILD_DIR") {
         return PathBuf::from(d);
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
-    let target = if target.is_absolute() { target } else { root.join(target) };
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let target = if target.is_absolute() {
+        target
+    } else {
+        root.join(target)
+    };
     target.join("llama.cpp-build")
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let out = cmd.output().map_err(|e| format!("{what}: cannot start {:?}: {e}", cmd.get_program()))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("{what}: cannot start {:?}: {e}", cmd.get_program()))?;
     if !out.status.success() {
         let tail = |b: &[u8]| {
             let s = String::from_utf8_lossy(b).into_owned();
             let lines: Vec<&str> = s.lines().collect();
             lines[lines.len().saturating_sub(60)..].join("\n")
         };
-        return Err(format!("{what} failed ({}):\n{}\n{}", out.status, tail(&out.stdout), tail(&out.stderr)));
+        return Err(format!(
+            "{what} failed ({}):\n{}\n{}",
+            out.status,
+            tail(&out.stdout),
+            tail(&out.stderr)
+        ));
     }
     Ok(())
 }
@@ -40,7 +57,8 @@ pub fn build(root: &Path, src: &Path, build_dir: &Path) -> Result<(), String> {
     super::vendor::require_tool("cmake", "Debian: apt-get install cmake")?;
     super::vendor::require_tool("c++", "Debian: apt-get install g++")?;
     super::vendor::require_tool("make", "Debian: apt-get install make")?;
-    std::fs::create_dir_all(build_dir).map_err(|e| format!("cannot create {}: {e}", build_dir.display()))?;
+    std::fs::create_dir_all(build_dir)
+        .map_err(|e| format!("cannot create {}: {e}", build_dir.display()))?;
 
     let ext = root.join("ggml-ext");
     let mut cfg = Command::new("cmake");
@@ -67,7 +85,9 @@ pub fn build(root: &Path, src: &Path, build_dir: &Path) -> Result<(), String> {
 
     let jobs = std::env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
     let mut b = Command::new("cmake");
-    b.arg("--build").arg(build_dir).args(["--config", "Release", "-j", &jobs, "--target"]);
+    b.arg("--build")
+        .arg(build_dir)
+        .args(["--config", "Release", "-j", &jobs, "--target"]);
     for (_, imp, _) in TOOLS {
         b.arg(imp);
     }
@@ -81,12 +101,15 @@ pub fn build(root: &Path, src: &Path, build_dir: &Path) -> Result<(), String> {
 fn link_inputs(build_dir: &Path, dir: &str, exe: &str) -> Result<Vec<String>, String> {
     let base = build_dir.join(dir);
     let path = base.join(format!("CMakeFiles/{exe}.dir/link.txt"));
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut out = Vec::new();
     for tok in text.split_whitespace().skip(1) {
         if tok.ends_with(".a") {
             let p = base.join(tok);
-            let p = p.canonicalize().map_err(|e| format!("{} (from {}): {e}", p.display(), path.display()))?;
+            let p = p
+                .canonicalize()
+                .map_err(|e| format!("{} (from {}): {e}", p.display(), path.display()))?;
             out.push(p.display().to_string());
         } else if tok.starts_with("-l") || tok == "-pthread" || tok == "-fopenmp" {
             out.push(tok.to_string());
@@ -98,13 +121,22 @@ fn link_inputs(build_dir: &Path, dir: &str, exe: &str) -> Result<Vec<String>, St
 pub fn emit_link_args(build_dir: &Path) -> Result<(), String> {
     let sys = ["-lstdc++", "-lm", "-ldl", "-lpthread"];
     for (bin, _, dir) in TOOLS {
-        for a in link_inputs(build_dir, dir, bin)?.iter().map(String::as_str).chain(sys) {
+        for a in link_inputs(build_dir, dir, bin)?
+            .iter()
+            .map(String::as_str)
+            .chain(sys)
+        {
             println!("cargo:rustc-link-arg-bin={bin}={a}");
         }
     }
     // Tests: our ggml-level test library and ggml itself.
     let tests = build_dir.join("ggml/src/libtq-ggml-tests.a");
-    let libs = [tests, build_dir.join("ggml/src/libggml.a"), build_dir.join("ggml/src/libggml-cpu.a"), build_dir.join("ggml/src/libggml-base.a")];
+    let libs = [
+        tests,
+        build_dir.join("ggml/src/libggml.a"),
+        build_dir.join("ggml/src/libggml-cpu.a"),
+        build_dir.join("ggml/src/libggml-base.a"),
+    ];
     for l in &libs {
         if !l.exists() {
             return Err(format!("expected {} after the cmake build", l.display()));

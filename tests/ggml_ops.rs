@@ -9,7 +9,14 @@ extern "C" {
     fn tq_test_type_traits(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_set_get_rows(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_mul_mat(err: *mut c_char, cap: usize) -> c_int;
-    fn tq_test_flash_attn(k_type: c_int, v_type: c_int, d: i64, gqa: i64, err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_flash_attn(
+        k_type: c_int,
+        v_type: c_int,
+        d: i64,
+        gqa: i64,
+        err: *mut c_char,
+        cap: usize,
+    ) -> c_int;
 }
 
 // ggml type ids (ggml.h at the pin, plus ours from ggml-ext/include/tq-ggml.h).
@@ -23,7 +30,9 @@ fn check(f: impl FnOnce(*mut c_char, usize) -> c_int) {
     std::hint::black_box(turboquant::ffi::link_anchor());
     let mut buf = [0 as c_char; 512];
     let rc = f(buf.as_mut_ptr(), buf.len());
-    let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+    let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
     assert_eq!(rc, 0, "{msg}");
 }
 
@@ -58,7 +67,12 @@ fn flash_attn_turbo_pairs_equal_f32_reference_for_every_head_size_and_gqa() {
 
 #[test]
 fn flash_attn_mixed_pairs_equal_f32_reference() {
-    for (k, v) in [(TURBO4, TURBO2), (Q8_0, TURBO3), (TURBO3, F16), (TURBO4, Q8_0)] {
+    for (k, v) in [
+        (TURBO4, TURBO2),
+        (Q8_0, TURBO3),
+        (TURBO3, F16),
+        (TURBO4, Q8_0),
+    ] {
         for d in [64, 128, 256] {
             check(|e, n| unsafe { tq_test_flash_attn(k, v, d, 3, e, n) });
         }

@@ -15,8 +15,15 @@ pub fn bin(name: &str) -> PathBuf {
 pub fn model() -> PathBuf {
     static M: OnceLock<PathBuf> = OnceLock::new();
     M.get_or_init(|| {
-        let out = Command::new(bin("tq")).arg("fetch").output().expect("run tq fetch");
-        assert!(out.status.success(), "tq fetch failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(bin("tq"))
+            .arg("fetch")
+            .output()
+            .expect("run tq fetch");
+        assert!(
+            out.status.success(),
+            "tq fetch failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
     })
     .clone()
@@ -41,7 +48,10 @@ pub fn corpus() -> PathBuf {
             }
         }
         files.sort();
-        let text: String = files.iter().map(|f| std::fs::read_to_string(f).unwrap_or_default() + "\n").collect();
+        let text: String = files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap_or_default() + "\n")
+            .collect();
         let out = root.join("target/test-corpus-llama-docs.txt");
         std::fs::write(&out, text).unwrap();
         out
@@ -50,7 +60,8 @@ pub fn corpus() -> PathBuf {
 }
 
 pub fn run(cmd: &mut Command) -> Output {
-    cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
 pub fn text(o: &Output) -> String {

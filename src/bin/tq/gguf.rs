@@ -28,7 +28,10 @@ impl Value {
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
     #[error("cannot read {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{0} is not a GGUF file (bad magic)")]
     Magic(String),
     #[error("{path}: unsupported GGUF version {version}")]
@@ -106,15 +109,26 @@ impl<R: Read> Reader<R> {
 impl Metadata {
     pub fn read(path: &Path) -> Result<Metadata, GgufError> {
         let p = path.display().to_string();
-        let io = |source| GgufError::Io { path: p.clone(), source };
-        let bad = |what: String| GgufError::Malformed { path: p.clone(), what };
-        let mut r = Reader { r: BufReader::new(File::open(path).map_err(io)?) };
+        let io = |source| GgufError::Io {
+            path: p.clone(),
+            source,
+        };
+        let bad = |what: String| GgufError::Malformed {
+            path: p.clone(),
+            what,
+        };
+        let mut r = Reader {
+            r: BufReader::new(File::open(path).map_err(io)?),
+        };
         if &r.bytes::<4>().map_err(io)? != b"GGUF" {
             return Err(GgufError::Magic(p.clone()));
         }
         let version = r.u32().map_err(io)?;
         if !(2..=3).contains(&version) {
-            return Err(GgufError::Version { path: p.clone(), version });
+            return Err(GgufError::Version {
+                path: p.clone(),
+                version,
+            });
         }
         let _n_tensors = r.u64().map_err(io)?;
         let n_kv = r.u64().map_err(io)?;

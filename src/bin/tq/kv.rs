@@ -22,25 +22,77 @@ impl CacheType {
 
 /// Every type llama-server accepts for the KV cache, with ours last.
 pub const CACHE_TYPES: &[CacheType] = &[
-    CacheType { name: "f32", block: 1, bytes: 4 },
-    CacheType { name: "f16", block: 1, bytes: 2 },
-    CacheType { name: "bf16", block: 1, bytes: 2 },
-    CacheType { name: "q8_0", block: 32, bytes: 34 },
-    CacheType { name: "q4_0", block: 32, bytes: 18 },
-    CacheType { name: "q4_1", block: 32, bytes: 20 },
-    CacheType { name: "iq4_nl", block: 32, bytes: 18 },
-    CacheType { name: "q5_0", block: 32, bytes: 22 },
-    CacheType { name: "q5_1", block: 32, bytes: 24 },
-    CacheType { name: "turbo2", block: 64, bytes: 18 },
-    CacheType { name: "turbo3", block: 64, bytes: 26 },
-    CacheType { name: "turbo4", block: 64, bytes: 34 },
+    CacheType {
+        name: "f32",
+        block: 1,
+        bytes: 4,
+    },
+    CacheType {
+        name: "f16",
+        block: 1,
+        bytes: 2,
+    },
+    CacheType {
+        name: "bf16",
+        block: 1,
+        bytes: 2,
+    },
+    CacheType {
+        name: "q8_0",
+        block: 32,
+        bytes: 34,
+    },
+    CacheType {
+        name: "q4_0",
+        block: 32,
+        bytes: 18,
+    },
+    CacheType {
+        name: "q4_1",
+        block: 32,
+        bytes: 20,
+    },
+    CacheType {
+        name: "iq4_nl",
+        block: 32,
+        bytes: 18,
+    },
+    CacheType {
+        name: "q5_0",
+        block: 32,
+        bytes: 22,
+    },
+    CacheType {
+        name: "q5_1",
+        block: 32,
+        bytes: 24,
+    },
+    CacheType {
+        name: "turbo2",
+        block: 64,
+        bytes: 18,
+    },
+    CacheType {
+        name: "turbo3",
+        block: 64,
+        bytes: 26,
+    },
+    CacheType {
+        name: "turbo4",
+        block: 64,
+        bytes: 34,
+    },
 ];
 
 pub fn cache_type(name: &str) -> Result<CacheType, String> {
-    CACHE_TYPES.iter().copied().find(|t| t.name == name).ok_or_else(|| {
-        let valid: Vec<&str> = CACHE_TYPES.iter().map(|t| t.name).collect();
-        format!("unknown cache type `{name}` (valid: {})", valid.join(", "))
-    })
+    CACHE_TYPES
+        .iter()
+        .copied()
+        .find(|t| t.name == name)
+        .ok_or_else(|| {
+            let valid: Vec<&str> = CACHE_TYPES.iter().map(|t| t.name).collect();
+            format!("unknown cache type `{name}` (valid: {})", valid.join(", "))
+        })
 }
 
 /// What the KV cache of one model stores per token.
@@ -56,24 +108,45 @@ pub struct Geometry {
 
 impl Geometry {
     pub fn from_gguf(md: &Metadata) -> Result<Geometry, String> {
-        let arch = md.str("general.architecture").ok_or("GGUF lacks general.architecture")?.to_string();
+        let arch = md
+            .str("general.architecture")
+            .ok_or("GGUF lacks general.architecture")?
+            .to_string();
         let int = |k: &str| md.get(&format!("{arch}.{k}")).and_then(Value::as_i64);
-        let n_layer = int("block_count").ok_or_else(|| format!("GGUF lacks {arch}.block_count"))? as u64;
-        let n_embd = int("embedding_length").ok_or_else(|| format!("GGUF lacks {arch}.embedding_length"))? as u64;
-        let n_head = int("attention.head_count").ok_or_else(|| format!("GGUF lacks {arch}.attention.head_count"))? as u64;
+        let n_layer =
+            int("block_count").ok_or_else(|| format!("GGUF lacks {arch}.block_count"))? as u64;
+        let n_embd = int("embedding_length")
+            .ok_or_else(|| format!("GGUF lacks {arch}.embedding_length"))?
+            as u64;
+        let n_head = int("attention.head_count")
+            .ok_or_else(|| format!("GGUF lacks {arch}.attention.head_count"))?
+            as u64;
         let n_head_kv = match md.get(&format!("{arch}.attention.head_count_kv")) {
             Some(Value::Array(v)) => v.iter().map(|x| x.as_i64().unwrap_or(0) as u64).collect(),
             Some(v) => vec![v.as_i64().unwrap_or(n_head as i64) as u64; n_layer as usize],
             None => vec![n_head; n_layer as usize],
         };
-        let head_k = int("attention.key_length").map(|v| v as u64).unwrap_or(n_embd / n_head.max(1));
-        let head_v = int("attention.value_length").map(|v| v as u64).unwrap_or(head_k);
-        Ok(Geometry { arch, n_layer, n_head_kv, head_k, head_v })
+        let head_k = int("attention.key_length")
+            .map(|v| v as u64)
+            .unwrap_or(n_embd / n_head.max(1));
+        let head_v = int("attention.value_length")
+            .map(|v| v as u64)
+            .unwrap_or(head_k);
+        Ok(Geometry {
+            arch,
+            n_layer,
+            n_head_kv,
+            head_k,
+            head_v,
+        })
     }
 
     /// Bytes per token of context for a K type and a V type (all layers, one sequence).
     pub fn bytes_per_token(&self, k: CacheType, v: CacheType) -> u64 {
-        self.n_head_kv.iter().map(|&h| h * (k.row_bytes(self.head_k) + v.row_bytes(self.head_v))).sum()
+        self.n_head_kv
+            .iter()
+            .map(|&h| h * (k.row_bytes(self.head_k) + v.row_bytes(self.head_v)))
+            .sum()
     }
 
     /// Whether every head can use the turbo types (whole 64-value blocks per head).
@@ -111,13 +184,22 @@ mod tests {
     #[test]
     fn unknown_type_names_the_valid_ones() {
         let e = cache_type("turbo9").unwrap_err();
-        assert!(e.contains("turbo9") && e.contains("turbo4") && e.contains("q8_0"), "{e}");
+        assert!(
+            e.contains("turbo9") && e.contains("turbo4") && e.contains("q8_0"),
+            "{e}"
+        );
     }
 
     #[test]
     fn llama3_8b_bytes_per_token() {
         // Llama-3-8B: 32 layers, 8 KV heads, head 128: f16 = 128 KiB per token.
-        let g = Geometry { arch: "llama".into(), n_layer: 32, n_head_kv: vec![8; 32], head_k: 128, head_v: 128 };
+        let g = Geometry {
+            arch: "llama".into(),
+            n_layer: 32,
+            n_head_kv: vec![8; 32],
+            head_k: 128,
+            head_v: 128,
+        };
         let f16 = cache_type("f16").unwrap();
         assert_eq!(g.bytes_per_token(f16, f16), 131072);
         let t4 = cache_type("turbo4").unwrap();

