@@ -121,15 +121,24 @@ with open(out, 'wb') as o:
     Ok(dest)
 }
 
-/// The llama.cpp tool built next to this executable (target/<profile>/).
+/// The llama.cpp tool built next to this executable (target/<profile>/), or in the
+/// directory named by `TQ_LLAMA_BIN_DIR` when that is set (e.g. a `tq` built into another
+/// target dir, using the tools of a full `cargo build --release`).
 pub fn sibling_tool(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let p = exe.parent().unwrap_or(Path::new(".")).join(name);
+    let dir = match std::env::var_os("TQ_LLAMA_BIN_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            exe.parent().unwrap_or(Path::new(".")).to_path_buf()
+        }
+    };
+    let p = dir.join(name);
     if p.is_file() {
         Ok(p)
     } else {
         Err(format!(
-            "{} not found: build it with `cargo build --release` (default features)",
+            "{} not found: build it with `cargo build --release` (default features), \
+             or point TQ_LLAMA_BIN_DIR at the directory holding it",
             p.display()
         ))
     }
