@@ -100,7 +100,11 @@ fn kld_vs_bits(res: &ModelResults, path: &Path) -> Result<bool, String> {
         .map(|p| (p.2 - p.3).max(p.2 * 0.5))
         .fold(f64::INFINITY, f64::min);
     let kmax = pts.iter().map(|p| p.2 + p.3).fold(0.0, f64::max);
-    let (ylo, yhi) = (kmin / 2.0, kmax * 2.0);
+    // whole decades, so that the log axis gets labels all the way down
+    let (ylo, yhi) = (
+        10f64.powf((kmin / 1.5).log10().floor()),
+        10f64.powf((kmax * 1.5).log10().ceil()),
+    );
     let xmax = pts.iter().map(|p| p.1).fold(0.0, f64::max) + 1.0;
 
     let root = BitMapBackend::new(path, (1100, 750)).into_drawing_area();
