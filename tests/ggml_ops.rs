@@ -14,6 +14,7 @@ extern "C" {
         v_type: c_int,
         d: i64,
         gqa: i64,
+        n_q: i64,
         err: *mut c_char,
         cap: usize,
     ) -> c_int;
@@ -58,9 +59,32 @@ fn flash_attn_turbo_pairs_equal_f32_reference_for_every_head_size_and_gqa() {
         for &v in &turbo {
             for d in [64, 128, 256] {
                 for gqa in [1, 3, 8] {
-                    check(|e, n| unsafe { tq_test_flash_attn(k, v, d, gqa, e, n) });
+                    check(|e, n| unsafe { tq_test_flash_attn(k, v, d, gqa, 3, e, n) });
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn flash_attn_decode_split_kv_equals_f32_reference() {
+    for (k, v) in [
+        (TURBO4, TURBO4),
+        (TURBO2, TURBO3),
+        (Q8_0, TURBO3),
+        (TURBO3, F16),
+    ] {
+        for d in [64, 256] {
+            check(|e, n| unsafe { tq_test_flash_attn(k, v, d, 8, 1, e, n) });
+        }
+    }
+}
+
+#[test]
+fn flash_attn_prefill_batch_equals_tiled_f32_reference() {
+    for (k, v) in [(TURBO4, TURBO4), (TURBO3, TURBO2)] {
+        for d in [64, 128] {
+            check(|e, n| unsafe { tq_test_flash_attn(k, v, d, 3, 80, e, n) });
         }
     }
 }
@@ -74,7 +98,7 @@ fn flash_attn_mixed_pairs_equal_f32_reference() {
         (TURBO4, Q8_0),
     ] {
         for d in [64, 128, 256] {
-            check(|e, n| unsafe { tq_test_flash_attn(k, v, d, 3, e, n) });
+            check(|e, n| unsafe { tq_test_flash_attn(k, v, d, 3, 3, e, n) });
         }
     }
 }

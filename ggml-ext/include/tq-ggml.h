@@ -14,7 +14,10 @@
 #define TQ_GGML_H
 
 #include "ggml.h"
+#include "ggml-backend.h"
 #include "turboquant.h"
+
+#include <stdlib.h>
 
 /* Entries for ggml.c's type_traits table. */
 #define TQ_GGML_TYPE_TRAIT(T, NAME)                                              \
@@ -65,6 +68,25 @@ static inline tq_ggml_mad_t tq_ggml_mad_fn(int ggml_type) {
         case TQ_TURBO4: return tq_ggml_mad_turbo4;
         default:        return NULL;
     }
+}
+
+/* CPU prefill. Flash attention's tiled (GEMM-like) CPU kernel takes only f32/f16 K and V;
+   any other type is dotted one query row at a time, which makes a 512-token prompt over a
+   long cache several times slower than f16. So for a batch of at least
+   TQ_PREFILL_DECODE_MIN_TOKENS queries over a host-resident turbo cache, llama's graph
+   decodes K and V to f32 once per layer (a transient compute buffer of n_kv x heads x
+   head_dim x 8 bytes) and runs the tiled kernel. One-token decode never pays it.
+   TQ_PREFILL_DECODE=0 in the environment turns it off. */
+#define TQ_PREFILL_DECODE_MIN_TOKENS 64
+static inline int tq_ggml_decode_for_prefill(const struct ggml_tensor *k, const struct ggml_tensor *v,
+                                             int64_t n_tokens) {
+    const struct ggml_tensor *root = k->view_src ? k->view_src : k;
+    const char *env = getenv("TQ_PREFILL_DECODE");
+    if (n_tokens < TQ_PREFILL_DECODE_MIN_TOKENS || (env && env[0] == '0')) return 0;
+    if (!TQ_GGML_IS_TURBO(k->type) && !TQ_GGML_IS_TURBO(v->type)) return 0;
+    if (!TQ_GGML_IS_TURBO(k->type) && k->type != GGML_TYPE_F16 && k->type != GGML_TYPE_F32) return 0;
+    if (!TQ_GGML_IS_TURBO(v->type) && v->type != GGML_TYPE_F16 && v->type != GGML_TYPE_F32) return 0;
+    return root->buffer != NULL && ggml_backend_buffer_is_host(root->buffer);
 }
 
 /* Name of the rotation input tensor when it holds our seeded matrix instead of the plain

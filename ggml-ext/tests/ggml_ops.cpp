@@ -160,9 +160,12 @@ extern "C" int tq_test_mul_mat(char * err_buf, size_t cap) {
 
 // FLASH_ATTN_EXT with (k_type, v_type) equals the same op where every turbo tensor is
 // replaced by f32 holding its decoded values. head size D, GQA ratio gqa.
-extern "C" int tq_test_flash_attn(int k_type, int v_type, int64_t D, int64_t gqa, char * err_buf, size_t cap) {
+// n_q >= 64 makes the f32 reference take ggml's tiled prefill kernel while the turbo
+// side runs the per-row kernel; n_q == 1 takes the split-KV decode path. All must agree.
+extern "C" int tq_test_flash_attn(int k_type, int v_type, int64_t D, int64_t gqa, int64_t n_q, char * err_buf, size_t cap) {
     Err err{ err_buf, cap };
-    const int64_t n_kv = 256, n_q = 3, n_head_kv = 2, n_head = n_head_kv * gqa;
+    // one query (decode) over >= 512 keys takes the split-KV path that spreads keys over threads
+    const int64_t n_kv = n_q == 1 ? 640 : 256, n_head_kv = 2, n_head = n_head_kv * gqa;
     Ctx c(256);
     auto mk = [&](ggml_type t, uint32_t seed) {
         ggml_tensor * x = ggml_new_tensor_3d(c.ctx, t, D, n_kv, n_head_kv);
@@ -188,7 +191,7 @@ extern "C" int tq_test_flash_attn(int k_type, int v_type, int64_t D, int64_t gqa
     ggml_fp16_t * m = (ggml_fp16_t *) mask->data;
     for (int64_t i = 0; i < mask->ne[1]; ++i) {
         for (int64_t j = 0; j < n_kv; ++j) {
-            m[i * n_kv + j] = ggml_fp32_to_fp16(j > n_kv - n_q + i ? -INFINITY : 0.0f);
+            m[i * n_kv + j] = ggml_fp32_to_fp16(j + n_q > n_kv + i ? -INFINITY : 0.0f);
         }
     }
     const float scale = 1.0f / std::sqrt((float) D);
