@@ -129,7 +129,7 @@ pub fn emit_link_args(build_dir: &Path) -> Result<(), String> {
             println!("cargo:rustc-link-arg-bin={bin}={a}");
         }
     }
-    // Tests: our ggml-level test library and ggml itself.
+    // Tests and benches: our ggml-level test library and ggml itself.
     let tests = build_dir.join("ggml/src/libtq-ggml-tests.a");
     let libs = [
         tests,
@@ -142,9 +142,11 @@ pub fn emit_link_args(build_dir: &Path) -> Result<(), String> {
             return Err(format!("expected {} after the cmake build", l.display()));
         }
         println!("cargo:rustc-link-arg-tests={}", l.display());
+        println!("cargo:rustc-link-arg-benches={}", l.display());
     }
     for a in sys {
         println!("cargo:rustc-link-arg-tests={a}");
+        println!("cargo:rustc-link-arg-benches={a}");
     }
     Ok(())
 }

@@ -216,3 +216,26 @@ extern "C" int tq_test_flash_attn(int k_type, int v_type, int64_t D, int64_t gqa
     }
     return 0;
 }
+
+// For benches/vs_ggml.rs: a row of type `t` (from f32 x), the query converted to the
+// type's vec_dot_type (from f32 y), and ggml's CPU vec_dot for the pair. Buffers are the
+// caller's: qx needs ggml_row_size(t, n), qy ggml_row_size(vec_dot_type, n) bytes.
+extern "C" int tq_ggml_prepare_vec_dot(int t, const float * x, const float * y, int64_t n, void * qx, void * qy,
+                                       ggml_vec_dot_t * dot) {
+    const ggml_type type = (ggml_type) t;
+    const auto * cpu = ggml_get_type_traits_cpu(type);
+    if (!cpu->vec_dot || n % ggml_blck_size(type) != 0) return 1;
+    ggml_quantize_chunk(type, x, qx, 0, 1, n, nullptr);
+    const ggml_type vt = cpu->vec_dot_type;
+    if (vt == GGML_TYPE_F32) {
+        memcpy(qy, y, n * sizeof(float));
+    } else {
+        ggml_get_type_traits_cpu(vt)->from_float(y, qy, n);
+    }
+    *dot = cpu->vec_dot;
+    return 0;
+}
+
+extern "C" size_t tq_ggml_row_size(int t, int64_t n) {
+    return ggml_row_size((ggml_type) t, n);
+}
