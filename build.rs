@@ -7,6 +7,8 @@
 //! Cargo drives: the C++ side is only libraries; every executable is a thin Rust `main`
 //! linked with this crate, which provides the `tq_*` symbols ggml calls.
 
+#[path = "build/cache_dir.rs"]
+mod cache_dir;
 #[path = "build/cmake.rs"]
 mod cmake;
 #[path = "build/vendor.rs"]

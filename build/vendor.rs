@@ -33,19 +33,7 @@ impl Pin {
     }
 }
 
-/// Where downloads are cached across builds and fresh clones.
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TQ_CACHE_DIR") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| home.join(".cache"))
-        .join("turboquant")
-}
+pub use super::cache_dir::cache_dir;
 
 pub fn require_tool(tool: &str, install_hint: &str) -> Result<(), String> {
     match Command::new(tool).arg("--version").output() {

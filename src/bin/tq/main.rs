@@ -1,6 +1,8 @@
 //! `tq`: the turboquant command line. `tq serve` runs llama-server with turbo caches on
 //! the default model; `tq memory` tells what a KV cache costs per type.
 
+#[path = "../../../build/cache_dir.rs"]
+mod cache_dir;
 mod eval;
 mod gguf;
 mod kv;

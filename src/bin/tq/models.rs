@@ -22,18 +22,7 @@ pub const KNOWN: &[KnownModel] = &[KnownModel {
     file: "SmolLM2-135M-Instruct.Q4_1.gguf",
 }];
 
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TQ_CACHE_DIR") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| home.join(".cache"))
-        .join("turboquant")
-}
+pub use crate::cache_dir::cache_dir;
 
 fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
     let out = cmd
