@@ -37,8 +37,7 @@ const KNOWN_MISSES: [(&str, &str, f64); 5] = [
 ];
 
 fn perplexity(ctk: &str, ctv: &str, base: &std::path::Path, save_base: bool) -> String {
-    let mut cmd = Command::new(bin("llama-perplexity"));
-    cmd.arg("-m").arg(model()).arg("-f").arg(corpus());
+    let mut cmd = perplexity_cmd(&corpus());
     cmd.args([
         "-c", "512", "--chunks", "16", "-fa", "on", "-t", "2", "-b", "512",
     ]);
@@ -119,14 +118,9 @@ fn kv_cache_size_at_ctx_4096_is_f16_times_bits_over_16() {
     let tiny = std::env::temp_dir().join(format!("tq-tiny-{}.txt", std::process::id()));
     std::fs::write(&tiny, "hello world").unwrap();
     let size = |ctk: &str, ctv: &str| {
-        let o = run(Command::new(bin("llama-perplexity"))
-            .arg("-m")
-            .arg(model())
-            .arg("-f")
-            .arg(&tiny)
-            .args([
-                "-c", "4096", "-fa", "on", "-t", "2", "-lv", "4", "-ctk", ctk, "-ctv", ctv,
-            ]));
+        let o = run(perplexity_cmd(&tiny).args([
+            "-c", "4096", "-fa", "on", "-t", "2", "-lv", "4", "-ctk", ctk, "-ctv", ctv,
+        ]));
         kv_sizes(&text(&o))
     };
     let (k16, v16) = size("f16", "f16");
@@ -333,14 +327,9 @@ fn unknown_cache_type_is_refused_naming_the_valid_ones() {
 
 #[test]
 fn turbo_v_without_flash_attention_is_refused_clearly() {
-    let o = run(Command::new(bin("llama-perplexity"))
-        .arg("-m")
-        .arg(model())
-        .arg("-f")
-        .arg(corpus())
-        .args([
-            "-c", "512", "--chunks", "1", "-fa", "off", "-ctk", "turbo4", "-ctv", "turbo3",
-        ]));
+    let o = run(perplexity_cmd(&corpus()).args([
+        "-c", "512", "--chunks", "1", "-fa", "off", "-ctk", "turbo4", "-ctv", "turbo3",
+    ]));
     let t = text(&o);
     assert!(
         !o.status.success(),
@@ -354,14 +343,9 @@ fn turbo_v_without_flash_attention_is_refused_clearly() {
 
 #[test]
 fn turbo_k_without_flash_attention_works() {
-    let o = run(Command::new(bin("llama-perplexity"))
-        .arg("-m")
-        .arg(model())
-        .arg("-f")
-        .arg(corpus())
-        .args([
-            "-c", "512", "--chunks", "2", "-fa", "off", "-ctk", "turbo4", "-ctv", "f16", "-t", "2",
-        ]));
+    let o = run(perplexity_cmd(&corpus()).args([
+        "-c", "512", "--chunks", "2", "-fa", "off", "-ctk", "turbo4", "-ctv", "f16", "-t", "2",
+    ]));
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     let ppl = number_after(&t, "Final estimate: PPL =").unwrap();

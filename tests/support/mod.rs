@@ -59,6 +59,13 @@ pub fn corpus() -> PathBuf {
     .clone()
 }
 
+/// llama-perplexity on the default model over `text`; callers add the run's own flags.
+pub fn perplexity_cmd(text: &Path) -> Command {
+    let mut cmd = Command::new(bin("llama-perplexity"));
+    cmd.arg("-m").arg(model()).arg("-f").arg(text);
+    cmd
+}
+
 pub fn run(cmd: &mut Command) -> Output {
     cmd.output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))

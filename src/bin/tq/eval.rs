@@ -434,18 +434,48 @@ impl ModelResults {
 
 // ---------------------------------------------------------------- running
 
+#[derive(clap::Args)]
 pub struct Options {
+    /// .gguf path or known model name; repeat for several (default: smollm2-135m)
+    #[arg(short = 'm', long = "model")]
     pub models: Vec<String>,
+    /// text file (default: every *.md of vendor/llama.cpp/docs, sorted, concatenated)
+    #[arg(short = 'f', long = "file")]
     pub text: Option<PathBuf>,
+    /// comma-separated cache pairs: TYPE (K=V), K/V, with -norot to set
+    /// LLAMA_ATTN_ROT_DISABLE=1 for that run; f16 is always run first as the base
+    #[arg(long, default_value = DEFAULT_PAIRS)]
     pub pairs: String,
+    /// context per perplexity chunk
+    #[arg(short, long, default_value_t = 512)]
     pub ctx: u64,
+    /// chunks of the text to evaluate (default: all; the base logits take about
+    /// ctx/2 x n_vocab x 2 bytes per chunk on disk while it runs)
+    #[arg(long)]
     pub chunks: Option<u64>,
+    #[arg(short, long, default_value_t = 2)]
     pub threads: u32,
+    /// also run llama-bench (pp/tg t/s at each depth, CPU) for every pair
+    #[arg(long)]
     pub bench: bool,
+    /// llama-bench depths (tokens already in the cache)
+    #[arg(long, value_delimiter = ',', default_value = "0,4096")]
     pub bench_depths: Vec<u64>,
+    /// llama-bench prompt tokens (pp test)
+    #[arg(long, default_value_t = 512)]
     pub bench_pp: u64,
+    /// llama-bench generated tokens (tg test)
+    #[arg(long, default_value_t = 128)]
     pub bench_tg: u64,
+    /// small llama-bench sizes for a smoke test: pp64 / tg16
+    #[arg(long)]
+    pub quick: bool,
+    /// output directory (default: results/eval-<model stem>; with several models,
+    /// one subdirectory per model)
+    #[arg(short, long)]
     pub out: Option<PathBuf>,
+    /// print the JSON on stdout instead of the markdown table
+    #[arg(long)]
     pub json: bool,
 }
 
@@ -556,7 +586,10 @@ fn model_stem(p: &Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
-pub fn run(o: Options) -> Result<ExitCode, String> {
+pub fn run(mut o: Options) -> Result<ExitCode, String> {
+    if o.quick {
+        (o.bench_pp, o.bench_tg) = (64, 16);
+    }
     let pairs = parse_pairs(&o.pairs)?;
     if o.ctx < 16 {
         return Err("--ctx must be at least 16".into());

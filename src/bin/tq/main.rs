@@ -64,49 +64,7 @@ enum Cmd {
     /// Quality and speed of KV-cache pairs: PPL, KLD vs f16 and top-token agreement
     /// (llama-perplexity), optionally t/s by depth (llama-bench); writes results.md,
     /// results.json and PNG plots. Tools come from next to `tq` or from $TQ_LLAMA_BIN_DIR.
-    Eval {
-        /// .gguf path or known model name; repeat for several (default: smollm2-135m)
-        #[arg(short = 'm', long = "model")]
-        models: Vec<String>,
-        /// text file (default: every *.md of vendor/llama.cpp/docs, sorted, concatenated)
-        #[arg(short = 'f', long = "file")]
-        text: Option<std::path::PathBuf>,
-        /// comma-separated cache pairs: TYPE (K=V), K/V, with -norot to set
-        /// LLAMA_ATTN_ROT_DISABLE=1 for that run; f16 is always run first as the base
-        #[arg(long, default_value = eval::DEFAULT_PAIRS)]
-        pairs: String,
-        /// context per perplexity chunk
-        #[arg(short, long, default_value_t = 512)]
-        ctx: u64,
-        /// chunks of the text to evaluate (default: all; the base logits take about
-        /// ctx/2 x n_vocab x 2 bytes per chunk on disk while it runs)
-        #[arg(long)]
-        chunks: Option<u64>,
-        #[arg(short, long, default_value_t = 2)]
-        threads: u32,
-        /// also run llama-bench (pp/tg t/s at each depth, CPU) for every pair
-        #[arg(long)]
-        bench: bool,
-        /// llama-bench depths (tokens already in the cache)
-        #[arg(long, value_delimiter = ',', default_value = "0,4096")]
-        bench_depths: Vec<u64>,
-        /// llama-bench prompt tokens (pp test)
-        #[arg(long, default_value_t = 512)]
-        bench_pp: u64,
-        /// llama-bench generated tokens (tg test)
-        #[arg(long, default_value_t = 128)]
-        bench_tg: u64,
-        /// small llama-bench sizes for a smoke test: pp64 / tg16
-        #[arg(long)]
-        quick: bool,
-        /// output directory (default: results/eval-<model stem>; with several models,
-        /// one subdirectory per model)
-        #[arg(short, long)]
-        out: Option<std::path::PathBuf>,
-        /// print the JSON on stdout instead of the markdown table
-        #[arg(long)]
-        json: bool,
-    },
+    Eval(eval::Options),
     /// Fetch a known model into the cache and print its path.
     Fetch {
         #[arg(default_value = models::DEFAULT_MODEL)]
@@ -141,34 +99,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             np,
             json,
         } => memory(model.as_deref(), ctx, np, json),
-        Cmd::Eval {
-            models,
-            text,
-            pairs,
-            ctx,
-            chunks,
-            threads,
-            bench,
-            bench_depths,
-            bench_pp,
-            bench_tg,
-            quick,
-            out,
-            json,
-        } => eval::run(eval::Options {
-            models,
-            text,
-            pairs,
-            ctx,
-            chunks,
-            threads,
-            bench,
-            bench_depths,
-            bench_pp: if quick { 64 } else { bench_pp },
-            bench_tg: if quick { 16 } else { bench_tg },
-            out,
-            json,
-        }),
+        Cmd::Eval(o) => eval::run(o),
         Cmd::Fetch { name } => {
             println!("{}", models::resolve(Some(&name))?.display());
             Ok(ExitCode::SUCCESS)
