@@ -7,6 +7,8 @@
 //! Cargo drives: the C++ side is only libraries; every executable is a thin Rust `main`
 //! linked with this crate, which provides the `tq_*` symbols ggml calls.
 
+#[path = "build/bindings.rs"]
+mod bindings;
 #[path = "build/cache_dir.rs"]
 mod cache_dir;
 #[path = "build/cmake.rs"]
@@ -46,5 +48,6 @@ fn run(root: &std::path::Path) -> Result<(), String> {
     let build_dir = cmake::build_dir(root);
     cmake::build(root, &src, &build_dir)?;
     cmake::emit_link_args(&build_dir)?;
+    bindings::generate(&src)?;
     Ok(())
 }

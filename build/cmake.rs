@@ -129,6 +129,16 @@ pub fn emit_link_args(build_dir: &Path) -> Result<(), String> {
             println!("cargo:rustc-link-arg-bin={bin}={a}");
         }
     }
+    // `tq` calls libllama itself (`tq capture`): llama-perplexity's link line without the
+    // tool's own `*-impl` archive is exactly libllama + ggml + what they need.
+    for a in link_inputs(build_dir, "tools/perplexity", "llama-perplexity")?
+        .iter()
+        .filter(|a| !a.ends_with("-impl.a"))
+        .map(String::as_str)
+        .chain(sys)
+    {
+        println!("cargo:rustc-link-arg-bin=tq={a}");
+    }
     // Tests and benches: our ggml-level test library and ggml itself.
     let tests = build_dir.join("ggml/src/libtq-ggml-tests.a");
     let libs = [
