@@ -23,6 +23,7 @@ pub mod codebook;
 pub mod error;
 pub mod ffi;
 pub mod kernels;
+pub mod lab;
 pub mod qjl;
 pub mod rotation;
 #[rustfmt::skip]

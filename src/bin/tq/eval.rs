@@ -560,7 +560,7 @@ fn collect_md(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-fn docs_corpus(dest: &Path) -> Result<(PathBuf, String), String> {
+pub fn docs_corpus(dest: &Path) -> Result<(PathBuf, String), String> {
     let dir = docs_dir().ok_or(
         "no text given and the llama.cpp docs (vendor/llama.cpp/docs) were not found next to \
          the repository of this executable; pass -f TEXT",

@@ -3,9 +3,13 @@
 
 #[path = "../../../build/cache_dir.rs"]
 mod cache_dir;
+#[cfg(feature = "llama")]
+mod capture;
 mod eval;
 mod gguf;
 mod kv;
+mod lab_cmd;
+mod lab_plot;
 mod models;
 mod plot;
 
@@ -65,6 +69,42 @@ enum Cmd {
     /// (llama-perplexity), optionally t/s by depth (llama-bench); writes results.md,
     /// results.json and PNG plots. Tools come from next to `tq` or from $TQ_LLAMA_BIN_DIR.
     Eval(eval::Options),
+    /// Run a GGUF model through llama.cpp (f16 KV cache) over a text and save every layer's
+    /// post-RoPE K and Q and V, per head, for the lab subcommands below.
+    Capture {
+        /// a .gguf path, or a known model name (default: smollm2-135m)
+        #[arg(short, long)]
+        model: Option<String>,
+        /// text file (default: every *.md of vendor/llama.cpp/docs, concatenated)
+        #[arg(short = 'f', long = "file")]
+        text: Option<std::path::PathBuf>,
+        /// output capture file
+        #[arg(short, long, default_value = "kv.tqkv")]
+        out: std::path::PathBuf,
+        /// tokens to run (the file holds n_layer x tokens x (2 x n_head_kv + n_head) x head x 2 bytes)
+        #[arg(long, default_value_t = 2048)]
+        tokens: usize,
+        /// micro-batch size
+        #[arg(long, default_value_t = 512)]
+        ubatch: usize,
+        #[arg(short, long, default_value_t = 2)]
+        threads: usize,
+    },
+    /// Kurtosis and std of K/V coordinates per layer, before and after the turbo rotation,
+    /// against theory (3, 1/sqrt(d)).
+    RotationStats(lab_cmd::Out),
+    /// Per-layer K and V norms (mean, p99), their ratio, and the outlier layers.
+    KvNorms(lab_cmd::Out),
+    /// Relative MSE and cosine of K and V per cache type (turbo2/3/4, q4_0, q8_0) on the
+    /// captured vectors, next to the Lloyd-Max optimum and the 4^-b bound.
+    Distortion(lab_cmd::DistortionOpts),
+    /// Needle-in-a-haystack proxy: does the top-1 attention position survive quantizing the
+    /// keys, at 1K-64K keys, on captured and synthetic keys; plus attention-output error.
+    #[command(long_about = NIAH_HELP)]
+    Niah(lab_cmd::NiahOpts),
+    /// The cheapest -ctk/-ctv pair (possibly asymmetric) whose attention output meets a
+    /// cosine target in every layer, as llama-server flags.
+    Recommend(lab_cmd::RecommendOpts),
     /// Fetch a known model into the cache and print its path.
     Fetch {
         #[arg(default_value = models::DEFAULT_MODEL)]
@@ -100,11 +140,103 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             json,
         } => memory(model.as_deref(), ctx, np, json),
         Cmd::Eval(o) => eval::run(o),
+        Cmd::Capture {
+            model,
+            text,
+            out,
+            tokens,
+            ubatch,
+            threads,
+        } => capture(model.as_deref(), text, &out, tokens, ubatch, threads),
+        Cmd::RotationStats(o) => lab_cmd::rotation_stats(o).map(|_| ExitCode::SUCCESS),
+        Cmd::KvNorms(o) => lab_cmd::kv_norms(o).map(|_| ExitCode::SUCCESS),
+        Cmd::Distortion(o) => lab_cmd::distortion(o).map(|_| ExitCode::SUCCESS),
+        Cmd::Niah(o) => lab_cmd::niah(o).map(|_| ExitCode::SUCCESS),
+        Cmd::Recommend(o) => lab_cmd::recommend(o).map(|_| ExitCode::SUCCESS),
         Cmd::Fetch { name } => {
             println!("{}", models::resolve(Some(&name))?.display());
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+const NIAH_HELP: &str = "\
+Needle-in-a-haystack proxy on K vectors, without running the model.
+
+One trial at sequence length L: pick a source, a query q and L haystack keys.
+- real: a (layer, KV head) of the capture, chosen uniformly; q = a captured query of that
+  layer from a query head of that KV head's group, at a uniform random token; the haystack
+  keys are drawn uniformly with replacement from all captured (post-RoPE) keys of that head,
+  with their values (so for L above the captured token count keys repeat).
+- synthetic: keys, values and q i.i.d. N(0, I) (pool of --synthetic-pool keys per source,
+  8 sources).
+Needle: at a uniform random position p the key becomes k_p + alpha q/|q|^2, alpha chosen so
+that the needle's exact attention weight softmax(q.k/sqrt(d))_p is --needle-weight (default
+0.5: its logit equals the logsumexp of all other logits); its value stays v_p.
+Every key and value then goes through the cache type as llama.cpp applies it (seeded
+rotation for turbo, plain Hadamard for q8_0/q4_0, K rotation over the largest power of two
+dividing the head, V over 64).
+Metrics per type and length: top1 = fraction of trials where argmax_j q.k^_j is still p
+(exact f32 query); out_cos = mean cosine of softmax(q K^/sqrt(d)) V^ against the exact
+softmax(q K/sqrt(d)) V.
+Trials: --trials per length and source (default 200), seeded (--seed).";
+
+#[cfg(feature = "llama")]
+fn capture(
+    model: Option<&str>,
+    text: Option<std::path::PathBuf>,
+    out: &std::path::Path,
+    tokens: usize,
+    ubatch: usize,
+    threads: usize,
+) -> Result<ExitCode, String> {
+    std::hint::black_box(turboquant::ffi::link_anchor());
+    let path = models::resolve(model)?;
+    // a clear error for a file that is not a GGUF before llama.cpp sees it
+    gguf::Metadata::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = match text {
+        Some(t) => t,
+        None => {
+            let dest = std::env::temp_dir().join(format!("tq-capture-{}.txt", std::process::id()));
+            eval::docs_corpus(&dest)?.0
+        }
+    };
+    if tokens == 0 || ubatch == 0 {
+        return Err("--tokens and --ubatch must be positive".into());
+    }
+    let h = capture::run(&capture::Options {
+        model: &path,
+        text: &text,
+        out,
+        tokens,
+        ubatch,
+        threads: threads.max(1),
+    })?;
+    println!(
+        "{}: {} ({}), {} tokens, {} layers, {} heads / {} KV heads, head {}/{}",
+        out.display(),
+        h.model,
+        h.desc,
+        h.n_tokens,
+        h.n_layer,
+        h.n_head,
+        h.n_head_kv,
+        h.head_k,
+        h.head_v
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(not(feature = "llama"))]
+fn capture(
+    _: Option<&str>,
+    _: Option<std::path::PathBuf>,
+    _: &std::path::Path,
+    _: usize,
+    _: usize,
+    _: usize,
+) -> Result<ExitCode, String> {
+    Err("tq capture needs llama.cpp: build with the default `llama` feature".into())
 }
 
 fn geometry(path: &std::path::Path) -> Result<kv::Geometry, String> {

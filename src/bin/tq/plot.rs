@@ -19,7 +19,7 @@ const FONT_PATHS: &[&str] = &[
 const FAMILY: &str = "sans-serif";
 
 /// Registers DejaVu Sans as plotters' "sans-serif" once; the path used, or why not.
-fn font() -> Result<&'static Path, String> {
+pub fn font() -> Result<&'static Path, String> {
     static FONT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     FONT.get_or_init(|| {
         let path = FONT_PATHS
