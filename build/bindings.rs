@@ -13,7 +13,7 @@ pub fn generate(src: &Path) -> Result<(), String> {
         .header(header.to_string_lossy())
         .clang_arg(format!("-I{}", src.join("ggml/include").display()))
         .allowlist_function("llama_(backend_init|backend_free|log_set|model_default_params|context_default_params|model_load_from_file|model_free|init_from_model|free|model_get_vocab|tokenize|batch_get_one|decode|model_n_layer|model_n_head|model_n_head_kv|model_n_embd|model_n_ctx_train|model_desc|n_ctx|vocab_bos|vocab_get_add_bos)")
-        .allowlist_function("ggml_(get_name|nelements|nbytes|is_contiguous|backend_tensor_get|backend_buffer_is_host|type_name)")
+        .allowlist_function("ggml_(get_name|nelements|nbytes|is_contiguous|backend_tensor_get|backend_buffer_is_host|type_name|op_desc)")
         .allowlist_type("ggml_log_level")
         .prepend_enum_name(false)
         .layout_tests(false)

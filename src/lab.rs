@@ -363,6 +363,8 @@ pub fn apply_rotation(rot: Rotation, dim: usize, x: &mut [f32]) {
 /// ggml-quants.c, fp16 scale), and the turbo types through this crate's encoder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Codec {
+    /// no quantization at all (for tests and as a sanity row)
+    Identity,
     F16,
     Q8_0,
     Q4_0,
@@ -381,6 +383,7 @@ impl Codec {
 
     pub fn name(self) -> &'static str {
         match self {
+            Codec::Identity => "identity",
             Codec::F16 => "f16",
             Codec::Q8_0 => "q8_0",
             Codec::Q4_0 => "q4_0",
@@ -394,6 +397,7 @@ impl Codec {
 
     pub fn bits_per_value(self) -> f64 {
         match self {
+            Codec::Identity => 32.0,
             Codec::F16 => 16.0,
             Codec::Q8_0 => 8.5,
             Codec::Q4_0 => 4.5,
@@ -412,7 +416,7 @@ impl Codec {
     /// The rotation llama.cpp applies before this cache type (none for f16).
     pub fn rotation(self) -> Rotation {
         match self {
-            Codec::F16 => Rotation::None,
+            Codec::Identity | Codec::F16 => Rotation::None,
             Codec::Q8_0 | Codec::Q4_0 => Rotation::Plain,
             Codec::Turbo(_) => Rotation::Seeded,
         }
@@ -425,6 +429,7 @@ impl Codec {
         let rot = self.rotation();
         apply_rotation(rot, rot_dim, out);
         match self {
+            Codec::Identity => {}
             Codec::F16 => out.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32()),
             Codec::Q8_0 => out.chunks_exact_mut(32).for_each(q8_0_roundtrip),
             Codec::Q4_0 => out.chunks_exact_mut(32).for_each(q4_0_roundtrip),
@@ -550,7 +555,8 @@ pub struct Pool<'a> {
 /// Outcome of one trial for one codec.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TrialResult {
-    /// the top-1 position after quantizing the keys is still the needle
+    /// the top-1 position after quantizing the keys is the exact top-1 (the needle when
+    /// `needle_weight >= 0.5`)
     pub top1_same: bool,
     /// cosine of softmax(q·K̂)·V̂ against softmax(q·K)·V
     pub out_cos: f64,
@@ -559,8 +565,9 @@ pub struct TrialResult {
 /// One needle trial (see `tq niah --help`): `len` haystack keys drawn uniformly with
 /// replacement from the pool, the key at a uniformly random position `p` replaced by the
 /// needle `k_p + α q / |q|²`, with `α` chosen so that the needle's exact attention weight is
-/// `needle_weight`; the needle's value stays `v_p`. For each codec the keys (and values)
-/// are quantized and the top-1 position of `q·k̂ * scale` compared with `p`.
+/// `needle_weight` (at 0.5 or more the needle is the exact top-1); the needle's value stays
+/// `v_p`. For each codec the keys (and values) are quantized and the top-1 position of
+/// `q·k̂ * scale` compared with the exact one.
 pub fn needle_trial(
     pool: &Pool,
     codecs: &[Codec],
@@ -607,10 +614,13 @@ pub fn needle_trial(
     let v_p = &pool.values[idx[p] * pool.dim_v..(idx[p] + 1) * pool.dim_v];
 
     // exact output: the needle's weight plus the pool-aggregated haystack weights
-    let exact = {
+    let (exact, top_exact) = {
         let mut s = hay.clone();
         s[p] = dot(q, &needle) * scale;
-        attention_out(&s, &idx, p, pool.values, pool.dim_v, v_p)
+        (
+            attention_out(&s, &idx, p, pool.values, pool.dim_v, v_p),
+            argmax(&s),
+        )
     };
     let mut res = Vec::with_capacity(codecs.len());
     let mut needle_q = vec![0f32; d];
@@ -625,7 +635,7 @@ pub fn needle_trial(
         let v_pq = &vq[idx[p] * pool.dim_v..(idx[p] + 1) * pool.dim_v];
         let out = attention_out(&s, &idx, p, vq, pool.dim_v, v_pq);
         res.push(TrialResult {
-            top1_same: top == p,
+            top1_same: top == top_exact,
             out_cos: cosine(&exact, &out),
         });
     }

@@ -6,7 +6,8 @@
 //! `Kcur-<il>`, `Vcur-<il>`, `Qcur-<il>`; a name can occur more than once in a layer (before
 //! and after RoPE, and after q/k norms), and the last one computed is the one attention
 //! uses (post-RoPE K and Q). One decode call per micro-batch, so each callback sees one
-//! micro-batch of tokens.
+//! micro-batch of tokens. `TQ_TRACE_CAPTURE=1` prints layer 0's matches in graph order
+//! (SmolLM2: Kcur-0 = MUL_MAT, RESHAPE, ROPE; the ROPE one is kept).
 
 use crate::lab_cmd::progress;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -63,6 +64,10 @@ unsafe extern "C" fn eval_cb(t: *mut sys::ggml_tensor, ask: bool, ud: *mut c_voi
         return true;
     }
     let t = unsafe { &*t };
+    if std::env::var_os("TQ_TRACE_CAPTURE").is_some() && il == 0 {
+        let op = unsafe { CStr::from_ptr(sys::ggml_op_desc(t)) }.to_string_lossy();
+        eprintln!("tq capture: layer 0 {name} = {op} {:?}", t.ne);
+    }
     if t.type_ != sys::GGML_TYPE_F32 {
         grab.error = Some(format!(
             "{name} has type {} (expected f32)",

@@ -618,9 +618,9 @@ pub fn distortion(o: DistortionOpts) -> Result<(), String> {
 /// captured tokens of that head, post-RoPE; synthetic: --synthetic-pool keys ~ N(0, I)). The
 /// key at a uniform random position p is replaced by the needle k_p + α q/|q|², α chosen so
 /// that the needle's exact attention weight softmax(q·k/sqrt(d))_p is --needle-weight (0.5:
-/// the needle's logit equals the logsumexp of all other logits). Its value is v_p. Every key
-/// and value is then passed through the cache type (rotation included) and the metric is
-/// whether argmax_j q·k̂_j is still p. The attention-output cosine compares
+/// the needle's logit equals the logsumexp of all other logits, so it is the exact top-1).
+/// Its value is v_p. Every key and value is then passed through the cache type (rotation
+/// included) and the metric is whether argmax_j q·k̂_j is still the exact top-1 position. The attention-output cosine compares
 /// softmax(q·K̂/sqrt(d))·V̂ with the exact softmax(q·K/sqrt(d))·V.
 #[derive(Args, Clone)]
 #[command(verbatim_doc_comment)]
@@ -633,7 +633,7 @@ pub struct NiahOpts {
     /// trials per length and source (real, synthetic)
     #[arg(long, default_value_t = 200)]
     pub trials: usize,
-    /// the needle's exact attention weight
+    /// the needle's exact attention weight (>= 0.5: the needle is the exact top-1)
     #[arg(long, default_value_t = 0.5)]
     pub needle_weight: f64,
     /// keys in each synthetic pool
@@ -652,7 +652,7 @@ pub struct NiahCell {
     pub length: usize,
     pub codec: &'static str,
     pub trials: usize,
-    /// fraction of trials whose top-1 position is still the needle
+    /// fraction of trials whose top-1 position is unchanged by quantizing the keys
     pub top1: f64,
     /// mean attention-output cosine
     pub out_cos: f64,
@@ -808,7 +808,7 @@ pub fn niah(o: NiahOpts) -> Result<(), String> {
     let cells = niah_cells(&c, &o, &codecs)?;
     let json = serde_json::json!({
         "capture": o.out.capture, "model": c.header.model,
-        "definition": "haystack of L keys drawn with replacement from a pool (real: all captured post-RoPE keys of one (layer, KV head); synthetic: N(0,I) keys), query real (same layer, a query head of that group, random token) or N(0,I); needle at a random position p: k_p + alpha q/|q|^2 with exact attention weight needle_weight; metric top1 = fraction of trials where argmax_j q.k^_j == p after quantizing keys (rotation included); out_cos = mean cosine of softmax(qK^/sqrt(d))V^ vs exact",
+        "definition": "haystack of L keys drawn with replacement from a pool (real: all captured post-RoPE keys of one (layer, KV head); synthetic: N(0,I) keys), query real (same layer, a query head of that group, random token) or N(0,I); needle at a random position p: k_p + alpha q/|q|^2 with exact attention weight needle_weight; metric top1 = fraction of trials where argmax_j q.k^_j after quantizing keys is the exact argmax (= p for needle_weight >= 0.5) (rotation included); out_cos = mean cosine of softmax(qK^/sqrt(d))V^ vs exact",
         "needle_weight": o.needle_weight, "trials": o.trials, "synthetic_pool": o.synthetic_pool,
         "seed": o.seed, "cells": cells,
     });

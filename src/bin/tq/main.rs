@@ -172,12 +172,14 @@ One trial at sequence length L: pick a source, a query q and L haystack keys.
   8 sources).
 Needle: at a uniform random position p the key becomes k_p + alpha q/|q|^2, alpha chosen so
 that the needle's exact attention weight softmax(q.k/sqrt(d))_p is --needle-weight (default
-0.5: its logit equals the logsumexp of all other logits); its value stays v_p.
+0.5: its logit equals the logsumexp of all other logits, so it is the exact top-1); its
+value stays v_p.
 Every key and value then goes through the cache type as llama.cpp applies it (seeded
 rotation for turbo, plain Hadamard for q8_0/q4_0, K rotation over the largest power of two
 dividing the head, V over 64).
-Metrics per type and length: top1 = fraction of trials where argmax_j q.k^_j is still p
-(exact f32 query); out_cos = mean cosine of softmax(q K^/sqrt(d)) V^ against the exact
+Metrics per type and length: top1 = fraction of trials where the top-1 attention position
+argmax_j q.k^_j (exact f32 query, quantized keys) is unchanged from the exact argmax_j q.k_j
+(the needle, for a needle weight of 0.5 or more); out_cos = mean cosine of softmax(q K^/sqrt(d)) V^ against the exact
 softmax(q K/sqrt(d)) V.
 Trials: --trials per length and source (default 200), seeded (--seed).";
 

@@ -1,0 +1,287 @@
+//! The lab's math (src/lab.rs): capture file round trip and its errors, moments, rotations,
+//! the ggml q8_0/q4_0 re-implementations, distortion against theory, the needle metric.
+
+use turboquant::lab::{self, Capture, CaptureError, CaptureHeader, Codec, Moments, Pool, Rotation};
+use turboquant::rotation::SplitMix64;
+use turboquant::TqType;
+
+fn gauss(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.next_gaussian() as f32).collect()
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("tq-lab-{}-{name}", std::process::id()))
+}
+
+fn sample_capture() -> Capture {
+    let header = CaptureHeader {
+        version: 1,
+        model: "m.gguf".into(),
+        desc: "test".into(),
+        text: "t.txt".into(),
+        n_tokens: 5,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        head_k: 64,
+        head_v: 128,
+        dtype: "f16".into(),
+        note: String::new(),
+    };
+    let mut rng = SplitMix64::new(7);
+    // values exactly representable in f16, so the round trip is exact
+    let mut f = |n: usize| -> Vec<f32> {
+        gauss(&mut rng, n)
+            .into_iter()
+            .map(|x| half::f16::from_f32(x * 10.0).to_f32())
+            .collect()
+    };
+    let [lk, lv, lq] = Capture::layer_lens(&header);
+    Capture {
+        k: vec![f(lk), f(lk)],
+        v: vec![f(lv), f(lv)],
+        q: vec![f(lq), f(lq)],
+        header,
+    }
+}
+
+#[test]
+fn capture_file_round_trip() {
+    let c = sample_capture();
+    let p = tmp("rt.tqkv");
+    c.write(&p).unwrap();
+    let r = Capture::read(&p).unwrap();
+    assert_eq!(r, c);
+    assert_eq!(Capture::read_header(&p).unwrap(), c.header);
+    // indexing: token 3, KV head 1 of layer 1
+    let o = (3 * 2 + 1) * 128;
+    assert_eq!(r.value(1, 3, 1), &c.v[1][o..o + 128]);
+    let o = (4 * 4 + 2) * 64;
+    assert_eq!(r.query(0, 4, 2), &c.q[0][o..o + 64]);
+
+    // truncated, wrong magic, missing
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() - 2]).unwrap();
+    assert!(matches!(
+        Capture::read(&p),
+        Err(CaptureError::Truncated(..))
+    ));
+    std::fs::write(&p, b"GGUF\x03\0\0\0 not a capture").unwrap();
+    let e = Capture::read(&p).unwrap_err();
+    assert!(matches!(e, CaptureError::Magic(_)));
+    assert!(e.to_string().contains("tq capture"), "{e}");
+    std::fs::remove_file(&p).unwrap();
+    assert!(matches!(Capture::read(&p), Err(CaptureError::Io { .. })));
+}
+
+#[test]
+fn moments_of_gaussian_samples() {
+    // n = 400k: the standard error of the sample kurtosis is sqrt(24/n) = 0.008; allow 6σ.
+    let mut rng = SplitMix64::new(1);
+    let mut m = Moments::default();
+    for _ in 0..400_000 {
+        m.push(2.0 + 0.5 * rng.next_gaussian());
+    }
+    assert!((m.mean() - 2.0).abs() < 0.005, "mean {}", m.mean());
+    assert!((m.std() - 0.5).abs() < 0.005, "std {}", m.std());
+    assert!(
+        (m.kurtosis() - 3.0).abs() < 0.05,
+        "kurtosis {}",
+        m.kurtosis()
+    );
+    // uniform on [0, 1): kurtosis 9/5
+    let mut u = Moments::default();
+    for _ in 0..400_000 {
+        u.push(rng.next_f64());
+    }
+    assert!(
+        (u.kurtosis() - 1.8).abs() < 0.02,
+        "uniform kurtosis {}",
+        u.kurtosis()
+    );
+}
+
+#[test]
+fn rotated_vectors_look_like_the_sphere() {
+    // Normalized Gaussian vectors are uniform on S^63 and stay so after the seeded rotation:
+    // coordinate std 1/8, kurtosis 3d/(d+2) = 2.909.
+    let mut rng = SplitMix64::new(3);
+    let stats = |rng: &mut SplitMix64, heavy: bool| {
+        let (mut before, mut after) = (Moments::default(), Moments::default());
+        for _ in 0..4000 {
+            let mut x = gauss(rng, 64);
+            if heavy {
+                // Gaussian scale mixture: 10% of the coordinates 6x wider (kurtosis ~19)
+                for v in x.iter_mut() {
+                    *v *= if rng.next_f64() < 0.1 { 3.0 } else { 0.5 };
+                }
+            }
+            let n = lab::norm(&x) as f32;
+            x.iter_mut().for_each(|v| *v /= n);
+            before.extend(&x);
+            lab::apply_rotation(Rotation::Seeded, 64, &mut x);
+            after.extend(&x);
+        }
+        (before, after)
+    };
+    let (_, after) = stats(&mut rng, false);
+    assert!((after.std() - 0.125).abs() < 0.001, "{}", after.std());
+    assert!(
+        (after.kurtosis() - lab::sphere_kurtosis(64)).abs() < 0.06,
+        "{}",
+        after.kurtosis()
+    );
+    // Heavy-tailed vectors: the rotation brings kurtosis from ~15 to near 3, but not to it.
+    // Given the magnitudes a_j of one vector, each rotated coordinate is a random-sign sum
+    // with kurtosis 3 - 2 Σa_j⁴/(Σa_j²)²: below 3 when a few coordinates carry the energy.
+    let (before, after) = stats(&mut rng, true);
+    assert!(before.kurtosis() > 10.0, "{}", before.kurtosis());
+    assert!((after.std() - 0.125).abs() < 0.001, "{}", after.std());
+    assert!(
+        (2.4..3.0).contains(&after.kurtosis()),
+        "{}",
+        after.kurtosis()
+    );
+}
+
+#[test]
+fn rotations_preserve_norms_and_undo_themselves() {
+    let mut rng = SplitMix64::new(5);
+    for rot in [Rotation::Seeded, Rotation::Plain] {
+        for dim in [64usize, 128, 256] {
+            let x = gauss(&mut rng, dim * 3);
+            let mut y = x.clone();
+            lab::apply_rotation(rot, dim, &mut y);
+            for (a, b) in x.chunks(dim).zip(y.chunks(dim)) {
+                let (na, nb) = (lab::norm(a), lab::norm(b));
+                assert!((na - nb).abs() < 1e-5 * na, "{rot:?} {dim}: {na} vs {nb}");
+            }
+            assert_ne!(x, y);
+            lab::apply_rotation(rot, dim, &mut y);
+            for (a, b) in x.iter().zip(&y) {
+                assert!((a - b).abs() < 1e-5, "{rot:?} {dim}: not an involution");
+            }
+        }
+    }
+    assert_eq!(lab::rot_dim_k(64), Some(64));
+    assert_eq!(lab::rot_dim_k(192), Some(64));
+    assert_eq!(lab::rot_dim_k(256), Some(256));
+    assert_eq!(lab::rot_dim_v(256), Some(64));
+    assert_eq!(lab::rot_dim_k(80), None);
+}
+
+#[test]
+fn ggml_reference_quantizers() {
+    // q8_0: d = amax/127, round half away from zero
+    let mut x: Vec<f32> = (0..32).map(|i| (i as f32 - 15.5) / 15.5).collect();
+    let orig = x.clone();
+    lab::q8_0_roundtrip(&mut x);
+    let d = half::f16::from_f32(1.0 / 127.0).to_f32();
+    for (a, b) in orig.iter().zip(&x) {
+        assert_eq!(*b, (a * 127.0).round() * d);
+    }
+    // q4_0: the signed absmax maps to -8 exactly; every value on the 16-level grid
+    let mut x: Vec<f32> = (0..32).map(|i| i as f32 * 0.05 - 0.8).collect();
+    x[7] = 2.0;
+    lab::q4_0_roundtrip(&mut x);
+    let d = half::f16::from_f32(2.0 / -8.0).to_f32();
+    assert_eq!(x[7], -8.0 * d);
+    for v in &x {
+        let q = v / d;
+        assert!(q == q.round() && (-8.0..=7.0).contains(&q), "{v} -> {q}");
+    }
+    // all-zero block stays zero
+    let mut z = [0f32; 32];
+    lab::q4_0_roundtrip(&mut z);
+    lab::q8_0_roundtrip(&mut z);
+    assert!(z.iter().all(|&v| v == 0.0));
+}
+
+#[test]
+fn distortion_on_gaussian_rows_matches_theory() {
+    // Gaussian rows: turbo's relative MSE is near the Lloyd-Max optimum (a norm-restoring
+    // scale per 64 costs a little, DESIGN.md §5b) and above the 4^-b bound; the order of
+    // types by bits is the order of errors.
+    let mut rng = SplitMix64::new(9);
+    let x = gauss(&mut rng, 64 * 2000);
+    let rel = |c: Codec| {
+        let y = lab::roundtrip_rows(c, 64, 64, &x);
+        let e: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        e / x.iter().map(|a| (*a as f64).powi(2)).sum::<f64>()
+    };
+    let mut prev = 0.0;
+    for (t, lo, hi) in [
+        (TqType::Turbo4, 0.0085, 0.0100),
+        (TqType::Turbo3, 0.031, 0.036),
+        (TqType::Turbo2, 0.110, 0.122),
+    ] {
+        let r = rel(Codec::Turbo(t));
+        let lm = lab::lloyd_max_distortion(t.bits());
+        assert!(r > lab::lower_bound(t.bits()), "{t:?} {r}");
+        assert!((lo..hi).contains(&r), "{t:?}: rel MSE {r}, Lloyd-Max {lm}");
+        assert!((r / lm - 1.0).abs() < 0.1, "{t:?}: {r} vs {lm}");
+        assert!(r > prev);
+        prev = r;
+    }
+    assert!(rel(Codec::Q8_0) < 1e-4);
+    assert!((0.006..0.009).contains(&rel(Codec::Q4_0)));
+    assert_eq!(rel(Codec::Identity), 0.0);
+}
+
+fn needle_rate(codecs: &[Codec], len: usize, weight: f64, trials: usize) -> Vec<f64> {
+    let mut rng = SplitMix64::new(11);
+    let (n, d) = (2048, 64);
+    let keys = gauss(&mut rng, n * d);
+    let values = gauss(&mut rng, n * d);
+    let keys_q: Vec<Vec<f32>> = codecs
+        .iter()
+        .map(|&c| lab::roundtrip_rows(c, d, 64, &keys))
+        .collect();
+    let values_q: Vec<Vec<f32>> = codecs
+        .iter()
+        .map(|&c| lab::roundtrip_rows(c, d, 64, &values))
+        .collect();
+    let pool = Pool {
+        keys: &keys,
+        keys_q: &keys_q,
+        values: &values,
+        values_q: &values_q,
+        dim: d,
+        dim_v: d,
+        rot_dim: 64,
+    };
+    let mut hits = vec![0usize; codecs.len()];
+    for _ in 0..trials {
+        let q = gauss(&mut rng, d);
+        let r = lab::needle_trial(&pool, codecs, &q, len, weight, 0.125, &mut rng);
+        for (h, t) in hits.iter_mut().zip(&r) {
+            *h += usize::from(t.top1_same);
+            assert!(t.out_cos > 0.5 && t.out_cos <= 1.0 + 1e-9);
+        }
+    }
+    hits.iter().map(|&h| h as f64 / trials as f64).collect()
+}
+
+#[test]
+fn needle_metric_is_one_for_identity_and_drops_for_turbo2() {
+    let codecs = [
+        Codec::Identity,
+        Codec::Turbo(TqType::Turbo4),
+        Codec::Turbo(TqType::Turbo2),
+    ];
+    // needle weight 0.5: the needle is the exact top-1 and no codec loses it on Gaussian keys
+    let r = needle_rate(&codecs, 1024, 0.5, 40);
+    assert_eq!(r[0], 1.0);
+    assert!(r[1] >= 0.95, "{r:?}");
+    // a negligible needle (weight 1e-4): the top-1 is the largest of 4096 Gaussian scores,
+    // close to its runner-up, and quantization noise reorders them: the metric falls, more
+    // for 2 bits than for 4
+    let r = needle_rate(&codecs, 4096, 1e-4, 60);
+    assert_eq!(r[0], 1.0, "identity must never change the top-1: {r:?}");
+    assert!(r[2] < 0.9, "turbo2 should lose the top-1 often: {r:?}");
+    assert!(r[1] > r[2], "turbo4 keeps it more often than turbo2: {r:?}");
+}
