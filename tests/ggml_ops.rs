@@ -9,6 +9,7 @@ extern "C" {
     fn tq_test_type_traits(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_set_get_rows(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_mul_mat(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_kmean(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_flash_attn(
         k_type: c_int,
         v_type: c_int,
@@ -101,4 +102,11 @@ fn flash_attn_mixed_pairs_equal_f32_reference() {
             check(|e, n| unsafe { tq_test_flash_attn(k, v, d, 3, 3, e, n) });
         }
     }
+}
+
+/// K mean removal (ggml-ext/include/tq-kmean.h): the three modes, attention unchanged by
+/// the shift, and the K-shift correction (re-roping stored k - m gives rope(k) - m).
+#[test]
+fn k_mean_removal_modes_invariance_and_k_shift() {
+    check(|e, n| unsafe { tq_test_kmean(e, n) });
 }

@@ -8,6 +8,7 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 #include "tq-ggml.h"
+#include "tq-kmean.h"
 
 #include <cmath>
 #include <cstdarg>
@@ -213,6 +214,112 @@ extern "C" int tq_test_flash_attn(int k_type, int v_type, int64_t D, int64_t gqa
     if (worst > tol) {
         return err.fail("FA %s/%s D=%lld gqa=%lld differs from f32 reference by %g", ggml_type_name((ggml_type) k_type),
                         ggml_type_name((ggml_type) v_type), (long long) D, (long long) gqa, worst);
+    }
+    return 0;
+}
+
+// K mean removal (tq-kmean.h), on f32 tensors so only the algebra is under test:
+// 1. tq_kmean_apply in its three modes: SET stores and subtracts the ubatch mean, KEEP the
+//    stored one, ZERO nothing;
+// 2. attention over k - m equals attention over k (the softmax-invariance it relies on);
+// 3. a K shift of stored keys R rope_p(k) - m, done as llama's build_rope_shift does with
+//    tq_kmean_unshift / tq_kmean_reshift around it, equals R rope_{p+d}(k) - m.
+extern "C" int tq_test_kmean(char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    const int64_t hd = 64, nh = 3, nt = 40, n = hd * nh;
+    Ctx c(64);
+    auto kv = gaussian(n * nt, 21);
+    for (int64_t t = 0; t < nt; ++t) {
+        for (int64_t i = 0; i < n; i += 7) kv[t * n + i] += 4.0f; // a shared component
+    }
+    auto new3 = [&](const std::vector<float> & v, int64_t a, int64_t b, int64_t d) {
+        ggml_tensor * x = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, a, b, d);
+        fill(x, v);
+        return x;
+    };
+
+    // 1. modes
+    const auto m0 = gaussian(n, 22);
+    for (int mode : { TQ_KMEAN_SET, TQ_KMEAN_KEEP, TQ_KMEAN_ZERO }) {
+        ggml_tensor * k = new3(kv, hd, nh, nt);
+        ggml_tensor * km = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, n + 2);
+        float * kmd = (float *) km->data;
+        memcpy(kmd, m0.data(), n * sizeof(float));
+        kmd[n] = mode == TQ_KMEAN_SET;
+        kmd[n + 1] = mode == TQ_KMEAN_KEEP;
+        ggml_cgraph * gf = ggml_new_graph(c.ctx);
+        ggml_tensor * out = tq_kmean_apply(c.ctx, gf, k, km);
+        ggml_build_forward_expand(gf, out);
+        ggml_graph_compute_with_ctx(c.ctx, gf, 2);
+        const float * o = (const float *) out->data;
+        for (int64_t i = 0; i < n; ++i) {
+            double mean = 0;
+            for (int64_t t = 0; t < nt; ++t) mean += kv[t * n + i];
+            mean /= nt;
+            const double want_m = mode == TQ_KMEAN_SET ? mean : mode == TQ_KMEAN_KEEP ? m0[i] : 0.0;
+            if (std::fabs(kmd[i] - want_m) > 1e-5 * (1 + std::fabs(want_m))) return err.fail("mode %d: stored mean[%lld] %g, want %g", mode, (long long) i, kmd[i], want_m);
+            for (int64_t t = 0; t < nt; ++t) {
+                const double want = kv[t * n + i] - want_m;
+                if (std::fabs(o[t * n + i] - want) > 1e-5 * (1 + std::fabs(want))) return err.fail("mode %d: k-m at %lld,%lld: %g, want %g", mode, (long long) i, (long long) t, o[t * n + i], want);
+            }
+        }
+    }
+
+    // 2. attention is unchanged: FA(q, k - m, v) == FA(q, k, v), keys laid out [hd, nt, nh]
+    {
+        std::vector<float> kt(n * nt), kmt(n * nt);
+        for (int64_t t = 0; t < nt; ++t)
+            for (int64_t h = 0; h < nh; ++h)
+                for (int64_t d = 0; d < hd; ++d) {
+                    kt[(h * nt + t) * hd + d] = kv[t * n + h * hd + d];
+                    kmt[(h * nt + t) * hd + d] = kv[t * n + h * hd + d] - m0[h * hd + d];
+                }
+        ggml_tensor * k = new3(kt, hd, nt, nh), * km = new3(kmt, hd, nt, nh);
+        ggml_tensor * v = new3(gaussian(n * nt, 23), hd, nt, nh);
+        ggml_tensor * q = new3(gaussian(hd * 4 * nh, 24, 0.5f), hd, 4, nh);
+        const float scale = 1.0f / std::sqrt((float) hd);
+        ggml_tensor * a = ggml_flash_attn_ext(c.ctx, q, k, v, nullptr, scale, 0.0f, 0.0f);
+        ggml_tensor * b = ggml_flash_attn_ext(c.ctx, q, km, v, nullptr, scale, 0.0f, 0.0f);
+        ggml_flash_attn_ext_set_prec(a, GGML_PREC_F32);
+        ggml_flash_attn_ext_set_prec(b, GGML_PREC_F32);
+        compute(c.ctx, a);
+        compute(c.ctx, b);
+        auto av = decode(a), bv = decode(b);
+        for (size_t i = 0; i < av.size(); ++i) {
+            if (std::fabs(av[i] - bv[i]) > 1e-4 * (1 + std::fabs(av[i]))) return err.fail("attention over k-m differs at %zu: %g vs %g", i, bv[i], av[i]);
+        }
+    }
+
+    // 3. K shift
+    {
+        ggml_tensor * rot = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, hd);
+        if (tq_rotation_matrix(hd, TQ_DEFAULT_SEED, (float *) rot->data) != TQ_OK) return err.fail("tq_rotation_matrix");
+        ggml_tensor * km = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, n + 2);
+        memcpy(km->data, m0.data(), n * sizeof(float));
+        ggml_tensor * pos = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt);
+        ggml_tensor * shift = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt);
+        ggml_tensor * pos2 = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt);
+        for (int64_t t = 0; t < nt; ++t) {
+            ((int32_t *) pos->data)[t] = (int32_t) (100 + 3 * t);
+            ((int32_t *) shift->data)[t] = (int32_t) (t % 2 ? -57 : 0); // per-cell shifts, some none
+            ((int32_t *) pos2->data)[t] = ((int32_t *) pos->data)[t] + ((int32_t *) shift->data)[t];
+        }
+        auto rope = [&](ggml_tensor * x, ggml_tensor * p) {
+            return ggml_rope_ext(c.ctx, x, p, nullptr, hd, 0, 0, 10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
+        };
+        auto rotate = [&](ggml_tensor * x) { // x [hd, nh, nt]; R is symmetric
+            return ggml_reshape_3d(c.ctx, ggml_mul_mat(c.ctx, rot, ggml_reshape_2d(c.ctx, x, hd, nh * nt)), hd, nh, nt);
+        };
+        ggml_tensor * k = new3(kv, hd, nh, nt);
+        ggml_tensor * stored = tq_kmean_reshift(c.ctx, rotate(rope(k, pos)), km);
+        ggml_tensor * shifted = tq_kmean_reshift(c.ctx, rotate(rope(rotate(tq_kmean_unshift(c.ctx, stored, km)), shift)), km);
+        ggml_tensor * want = tq_kmean_reshift(c.ctx, rotate(rope(k, pos2)), km);
+        compute(c.ctx, shifted);
+        compute(c.ctx, want);
+        auto sv = decode(shifted), wv = decode(want);
+        for (size_t i = 0; i < sv.size(); ++i) {
+            if (std::fabs(sv[i] - wv[i]) > 2e-4 * (1 + std::fabs(wv[i]))) return err.fail("K shift with mean at %zu: %g, want %g", i, sv[i], wv[i]);
+        }
     }
     return 0;
 }
