@@ -179,6 +179,13 @@ impl Capture {
     }
 }
 
+/// The vectors of head `h` of token-major `[token][n_heads][d]` rows, as `[token][d]`.
+pub fn one_head(rows: &[f32], n_heads: usize, h: usize, d: usize) -> Vec<f32> {
+    rows.chunks_exact(n_heads * d)
+        .flat_map(|t| t[h * d..(h + 1) * d].iter().copied())
+        .collect()
+}
+
 fn open(path: &Path) -> Result<std::fs::File, CaptureError> {
     std::fs::File::open(path).map_err(|source| CaptureError::Io {
         path: path.display().to_string(),

@@ -158,12 +158,11 @@ fn capture_with(
     o: &Options,
     text: &CStr,
 ) -> Result<CaptureHeader, String> {
-    let (n_layer, n_head, n_head_kv, n_embd, n_ctx_train) = unsafe {
+    let (n_layer, n_head, n_head_kv, n_ctx_train) = unsafe {
         (
             sys::llama_model_n_layer(model) as usize,
             sys::llama_model_n_head(model) as usize,
             sys::llama_model_n_head_kv(model) as usize,
-            sys::llama_model_n_embd(model) as usize,
             sys::llama_model_n_ctx_train(model) as usize,
         )
     };
@@ -299,7 +298,6 @@ fn capture_with(
     pb.finish_and_clear();
     unsafe { sys::llama_free(ctx) };
     result?;
-    let _ = n_embd;
 
     let header = CaptureHeader {
         version: 1,

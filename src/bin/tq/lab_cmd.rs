@@ -68,33 +68,41 @@ fn plot_or_warn(o: &Out, draw: impl FnOnce(&Path) -> Result<(), String>) -> Resu
     Ok(())
 }
 
-/// Runs `f(layer)` for every layer on all cores; results in layer order.
+/// `f(0..n)` on all cores (work-stealing by index); results in index order.
+fn parallel_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(n.max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    let results = std::sync::Mutex::new(&mut out);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let r = f(i);
+                results.lock().unwrap()[i] = Some(r);
+            });
+        }
+    });
+    out.into_iter().map(|r| r.unwrap()).collect()
+}
+
+/// `f(layer)` for every layer on all cores, one progress tick per layer.
 fn per_layer<T: Send>(
     n_layer: usize,
     pb: &indicatif::ProgressBar,
     f: impl Fn(usize) -> T + Sync,
 ) -> Vec<T> {
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(n_layer.max(1));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut out: Vec<Option<T>> = (0..n_layer).map(|_| None).collect();
-    let results = std::sync::Mutex::new(&mut out);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let l = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if l >= n_layer {
-                    break;
-                }
-                let r = f(l);
-                results.lock().unwrap()[l] = Some(r);
-                pb.inc(1);
-            });
-        }
-    });
-    out.into_iter().map(|r| r.unwrap()).collect()
+    parallel_map(n_layer, |l| {
+        let r = f(l);
+        pb.inc(1);
+        r
+    })
 }
 
 fn header_line(c: &Capture) -> String {
@@ -691,94 +699,78 @@ pub fn niah_cells(c: &Capture, o: &NiahOpts, codecs: &[Codec]) -> Result<Vec<Nia
     let pb = progress(total as u64, "trials");
     let group = h.n_head / h.n_head_kv;
     let work: Vec<usize> = (0..plan.len()).filter(|&u| !plan[u].is_empty()).collect();
-    let results = std::sync::Mutex::new(&mut acc);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let wi = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(&u) = work.get(wi) else { break };
-                let unit = if u < n_units_real {
-                    let (l, kh) = (u / h.n_head_kv, u % h.n_head_kv);
-                    let gather = |rows: &[f32], d: usize| -> Vec<f32> {
-                        (0..h.n_tokens)
-                            .flat_map(|t| {
-                                let o = (t * h.n_head_kv + kh) * d;
-                                rows[o..o + d].iter().copied()
-                            })
-                            .collect()
-                    };
-                    Unit {
-                        keys: gather(&c.k[l], h.head_k),
-                        values: gather(&c.v[l], h.head_v),
-                        real: Some((l, kh)),
-                    }
-                } else {
-                    let mut g = SplitMix64::new(o.seed ^ 0xA5A5_0000 ^ u as u64);
-                    let mut gen = |n: usize| -> Vec<f32> {
-                        (0..n).map(|_| g.next_gaussian() as f32).collect()
-                    };
-                    Unit {
-                        keys: gen(o.synthetic_pool * h.head_k),
-                        values: gen(o.synthetic_pool * h.head_v),
-                        real: None,
-                    }
-                };
-                let keys_q: Vec<Vec<f32>> = codecs
-                    .iter()
-                    .map(|&cd| lab::roundtrip_rows(cd, h.head_k, rk, &unit.keys))
-                    .collect();
-                let values_q: Vec<Vec<f32>> = codecs
-                    .iter()
-                    .map(|&cd| lab::roundtrip_rows(cd, h.head_v, rv, &unit.values))
-                    .collect();
-                let pool = Pool {
-                    keys: &unit.keys,
-                    keys_q: &keys_q,
-                    values: &unit.values,
-                    values_q: &values_q,
-                    dim: h.head_k,
-                    dim_v: h.head_v,
-                    rot_dim: rk,
-                };
-                let src = usize::from(unit.real.is_none());
-                for &(li, t) in &plan[u] {
-                    let mut trng = SplitMix64::new(
-                        o.seed ^ ((u as u64) << 40) ^ ((li as u64) << 32) ^ t as u64,
-                    );
-                    let q: Vec<f32> = match unit.real {
-                        Some((l, kh)) => {
-                            let tok = (trng.next() % h.n_tokens as u64) as usize;
-                            let qh = kh * group + (trng.next() % group as u64) as usize;
-                            c.query(l, tok, qh).to_vec()
-                        }
-                        None => (0..h.head_k).map(|_| trng.next_gaussian() as f32).collect(),
-                    };
-                    let r = lab::needle_trial(
-                        &pool,
-                        codecs,
-                        &q,
-                        o.lengths[li],
-                        o.needle_weight,
-                        scale,
-                        &mut trng,
-                    );
-                    let mut a = results.lock().unwrap();
-                    for (ci, tr) in r.iter().enumerate() {
-                        let cell = &mut a[(src * nl + li) * codecs.len() + ci];
-                        cell.0 += usize::from(tr.top1_same);
-                        cell.1 += tr.out_cos;
-                        cell.2 += 1;
-                    }
-                    drop(a);
-                    pb.inc(1);
+    let per_unit = parallel_map(work.len(), |wi| {
+        let u = work[wi];
+        let unit = if u < n_units_real {
+            let (l, kh) = (u / h.n_head_kv, u % h.n_head_kv);
+            let gather = |rows: &[f32], d| lab::one_head(rows, h.n_head_kv, kh, d);
+            Unit {
+                keys: gather(&c.k[l], h.head_k),
+                values: gather(&c.v[l], h.head_v),
+                real: Some((l, kh)),
+            }
+        } else {
+            let mut g = SplitMix64::new(o.seed ^ 0xA5A5_0000 ^ u as u64);
+            let mut gen =
+                |n: usize| -> Vec<f32> { (0..n).map(|_| g.next_gaussian() as f32).collect() };
+            Unit {
+                keys: gen(o.synthetic_pool * h.head_k),
+                values: gen(o.synthetic_pool * h.head_v),
+                real: None,
+            }
+        };
+        let keys_q: Vec<Vec<f32>> = codecs
+            .iter()
+            .map(|&cd| lab::roundtrip_rows(cd, h.head_k, rk, &unit.keys))
+            .collect();
+        let values_q: Vec<Vec<f32>> = codecs
+            .iter()
+            .map(|&cd| lab::roundtrip_rows(cd, h.head_v, rv, &unit.values))
+            .collect();
+        let pool = Pool {
+            keys: &unit.keys,
+            keys_q: &keys_q,
+            values: &unit.values,
+            values_q: &values_q,
+            dim: h.head_k,
+            dim_v: h.head_v,
+            rot_dim: rk,
+        };
+        let src = usize::from(unit.real.is_none());
+        let mut out = Vec::with_capacity(plan[u].len());
+        for &(li, t) in &plan[u] {
+            let mut trng =
+                SplitMix64::new(o.seed ^ ((u as u64) << 40) ^ ((li as u64) << 32) ^ t as u64);
+            let q: Vec<f32> = match unit.real {
+                Some((l, kh)) => {
+                    let tok = (trng.next() % h.n_tokens as u64) as usize;
+                    let qh = kh * group + (trng.next() % group as u64) as usize;
+                    c.query(l, tok, qh).to_vec()
                 }
-            });
+                None => (0..h.head_k).map(|_| trng.next_gaussian() as f32).collect(),
+            };
+            let r = lab::needle_trial(
+                &pool,
+                codecs,
+                &q,
+                o.lengths[li],
+                o.needle_weight,
+                scale,
+                &mut trng,
+            );
+            out.push((src, li, r));
+            pb.inc(1);
         }
+        out
     });
+    for (src, li, r) in per_unit.into_iter().flatten() {
+        for (ci, tr) in r.iter().enumerate() {
+            let cell = &mut acc[(src * nl + li) * codecs.len() + ci];
+            cell.0 += usize::from(tr.top1_same);
+            cell.1 += tr.out_cos;
+            cell.2 += 1;
+        }
+    }
     pb.finish_and_clear();
     let mut cells = Vec::new();
     for (src, name) in [(0, "real"), (1, "synthetic")] {
@@ -935,14 +927,7 @@ pub fn pair_rows(
         let mut exact = vec![0f32; dv];
         let mut out = vec![0f32; dv];
         for kh in 0..h.n_head_kv {
-            let gather = |rows: &[f32], d: usize| -> Vec<f32> {
-                (0..h.n_tokens)
-                    .flat_map(|t| {
-                        let o = (t * h.n_head_kv + kh) * d;
-                        rows[o..o + d].iter().copied()
-                    })
-                    .collect()
-            };
+            let gather = |rows: &[f32], d| lab::one_head(rows, h.n_head_kv, kh, d);
             let k_exact = gather(&c.k[l], dk);
             let v_exact = gather(&c.v[l], dv);
             let k_q: Vec<Vec<f32>> = kq.iter().map(|k| gather(k, dk)).collect();

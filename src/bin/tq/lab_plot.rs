@@ -4,19 +4,7 @@
 use plotters::prelude::*;
 use std::path::Path;
 
-const FAMILY: &str = "sans-serif";
-const TAB10: [RGBColor; 10] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-    RGBColor(188, 189, 34),
-    RGBColor(23, 190, 207),
-];
+use crate::plot::{FAMILY, TAB10};
 
 pub struct Series {
     pub name: String,

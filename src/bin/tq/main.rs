@@ -183,7 +183,6 @@ argmax_j q.k^_j (exact f32 query, quantized keys) is unchanged from the exact ar
 softmax(q K/sqrt(d)) V.
 Trials: --trials per length and source (default 200), seeded (--seed).";
 
-#[cfg(feature = "llama")]
 fn capture(
     model: Option<&str>,
     text: Option<std::path::PathBuf>,
@@ -192,53 +191,54 @@ fn capture(
     ubatch: usize,
     threads: usize,
 ) -> Result<ExitCode, String> {
-    std::hint::black_box(turboquant::ffi::link_anchor());
-    let path = models::resolve(model)?;
-    // a clear error for a file that is not a GGUF before llama.cpp sees it
-    gguf::Metadata::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let text = match text {
-        Some(t) => t,
-        None => {
-            let dest = std::env::temp_dir().join(format!("tq-capture-{}.txt", std::process::id()));
-            eval::docs_corpus(&dest)?.0
-        }
-    };
-    if tokens == 0 || ubatch == 0 {
-        return Err("--tokens and --ubatch must be positive".into());
+    #[cfg(not(feature = "llama"))]
+    {
+        let _ = (model, text, out, tokens, ubatch, threads);
+        Err("tq capture needs llama.cpp: build with the default `llama` feature".into())
     }
-    let h = capture::run(&capture::Options {
-        model: &path,
-        text: &text,
-        out,
-        tokens,
-        ubatch,
-        threads: threads.max(1),
-    })?;
-    println!(
-        "{}: {} ({}), {} tokens, {} layers, {} heads / {} KV heads, head {}/{}",
-        out.display(),
-        h.model,
-        h.desc,
-        h.n_tokens,
-        h.n_layer,
-        h.n_head,
-        h.n_head_kv,
-        h.head_k,
-        h.head_v
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(not(feature = "llama"))]
-fn capture(
-    _: Option<&str>,
-    _: Option<std::path::PathBuf>,
-    _: &std::path::Path,
-    _: usize,
-    _: usize,
-    _: usize,
-) -> Result<ExitCode, String> {
-    Err("tq capture needs llama.cpp: build with the default `llama` feature".into())
+    #[cfg(feature = "llama")]
+    {
+        std::hint::black_box(turboquant::ffi::link_anchor());
+        let path = models::resolve(model)?;
+        // a clear error for a file that is not a GGUF before llama.cpp sees it
+        gguf::Metadata::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if tokens == 0 || ubatch == 0 {
+            return Err("--tokens and --ubatch must be positive".into());
+        }
+        let (text, temp) = match text {
+            Some(t) => (t, false),
+            None => {
+                let dest =
+                    std::env::temp_dir().join(format!("tq-capture-{}.txt", std::process::id()));
+                (eval::docs_corpus(&dest)?.0, true)
+            }
+        };
+        let h = capture::run(&capture::Options {
+            model: &path,
+            text: &text,
+            out,
+            tokens,
+            ubatch,
+            threads: threads.max(1),
+        });
+        if temp {
+            let _ = std::fs::remove_file(&text);
+        }
+        let h = h?;
+        println!(
+            "{}: {} ({}), {} tokens, {} layers, {} heads / {} KV heads, head {}/{}",
+            out.display(),
+            h.model,
+            h.desc,
+            h.n_tokens,
+            h.n_layer,
+            h.n_head,
+            h.n_head_kv,
+            h.head_k,
+            h.head_v
+        );
+        Ok(ExitCode::SUCCESS)
+    }
 }
 
 fn geometry(path: &std::path::Path) -> Result<kv::Geometry, String> {

@@ -16,7 +16,7 @@ const FONT_PATHS: &[&str] = &[
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
 ];
-const FAMILY: &str = "sans-serif";
+pub const FAMILY: &str = "sans-serif";
 
 /// Registers DejaVu Sans as plotters' "sans-serif" once; the path used, or why not.
 pub fn font() -> Result<&'static Path, String> {
@@ -68,7 +68,7 @@ pub fn write_plots(res: &ModelResults, dir: &Path) -> Result<Vec<String>, String
 }
 
 /// matplotlib's tab10: distinct on white, no pale yellow.
-const TAB10: [RGBColor; 10] = [
+pub const TAB10: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
