@@ -89,7 +89,7 @@ impl Capture {
         if h.n_tokens == 0 || h.n_layer == 0 || h.n_head_kv == 0 || h.head_k == 0 || h.head_v == 0 {
             return Err("empty shape".into());
         }
-        if h.n_head % h.n_head_kv != 0 {
+        if !h.n_head.is_multiple_of(h.n_head_kv) {
             return Err(format!(
                 "n_head {} is not a multiple of n_head_kv {}",
                 h.n_head, h.n_head_kv
@@ -329,12 +329,12 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
 /// dividing it (64 → 64, 128 → 128, 256 → 256); `None` when the head is not a multiple of 64
 /// (no rotation, no turbo).
 pub fn rot_dim_k(head: usize) -> Option<usize> {
-    (head % 64 == 0).then(|| 1 << head.trailing_zeros())
+    head.is_multiple_of(64).then(|| 1 << head.trailing_zeros())
 }
 
 /// Size of llama.cpp's V rotation: always 64 (upstream found smaller is better for V).
 pub fn rot_dim_v(head: usize) -> Option<usize> {
-    (head % 64 == 0).then_some(64)
+    head.is_multiple_of(64).then_some(64)
 }
 
 /// Which rotation: the seeded `R = D H D / sqrt(n)` of turbo caches, or upstream's plain

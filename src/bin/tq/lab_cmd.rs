@@ -793,8 +793,8 @@ pub fn niah_cells(c: &Capture, o: &NiahOpts, codecs: &[Codec]) -> Result<Vec<Nia
 
 pub fn niah(o: NiahOpts) -> Result<(), String> {
     let codecs = parse_codecs(&o.types)?;
-    if o.lengths.is_empty() || o.lengths.contains(&0) || o.trials == 0 {
-        return Err("--lengths and --trials must be positive".into());
+    if o.lengths.is_empty() || o.lengths.iter().any(|&l| l < 2) || o.trials == 0 {
+        return Err("--lengths must be at least 2 and --trials positive".into());
     }
     let c = load(&o.out)?;
     let cells = niah_cells(&c, &o, &codecs)?;

@@ -132,14 +132,20 @@ pub fn lines(
                 }
                 if !s.labels.is_empty() {
                     chart
-                        .draw_series(s.pts.iter().zip(&s.labels).map(|(&c, l)| {
-                            EmptyElement::at(c)
-                                + Text::new(
-                                    l.clone(),
-                                    (8, -8),
-                                    (FAMILY, 14).into_font().color(&color),
-                                )
-                        }))
+                        .draw_series(
+                            s.pts
+                                .iter()
+                                .zip(&s.labels)
+                                .filter(|(c, _)| c.1.is_finite() && (!log_y || c.1 > 0.0))
+                                .map(|(&c, l)| {
+                                    EmptyElement::at(c)
+                                        + Text::new(
+                                            l.clone(),
+                                            (8, -8),
+                                            (FAMILY, 14).into_font().color(&color),
+                                        )
+                                }),
+                        )
                         .map_err(err)?;
                 }
             }
