@@ -4,7 +4,7 @@
 use plotters::prelude::*;
 use std::path::Path;
 
-use crate::plot::{FAMILY, TAB10};
+use crate::plot::{err, legend, FAMILY, TAB10};
 
 pub struct Series {
     pub name: String,
@@ -42,10 +42,6 @@ impl Series {
         self.labels = labels;
         self
     }
-}
-
-fn err<E: std::fmt::Debug>(e: E) -> String {
-    format!("plotting: {e:?}")
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -149,14 +145,7 @@ pub fn lines(
                         .map_err(err)?;
                 }
             }
-            chart
-                .configure_series_labels()
-                .border_style(BLACK)
-                .background_style(WHITE.mix(0.9))
-                .label_font((FAMILY, 14))
-                .position(SeriesLabelPosition::UpperRight)
-                .draw()
-                .map_err(err)?;
+            legend(&mut chart, 14)?;
         }};
     }
     let mut builder = ChartBuilder::on(&root);

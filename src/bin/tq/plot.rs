@@ -5,6 +5,7 @@
 //! JSON do not depend on it.
 
 use crate::eval::{ModelResults, Row};
+use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use std::path::{Path, PathBuf};
@@ -46,8 +47,23 @@ pub fn font() -> Result<&'static Path, String> {
     .map_err(Clone::clone)
 }
 
-fn err<E: std::fmt::Debug>(e: E) -> String {
+pub fn err<E: std::fmt::Debug>(e: E) -> String {
     format!("plotting: {e:?}")
+}
+
+/// The legend box every chart here uses: upper right, white, black border.
+pub fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    font_size: u32,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .label_font((FAMILY, font_size))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(err)
 }
 
 /// Writes the charts for one model into `dir`; the file names written, or why none were.
@@ -172,14 +188,7 @@ fn kld_vs_bits(res: &ModelResults, path: &Path) -> Result<bool, String> {
             }))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.9))
-        .label_font((FAMILY, 16))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, 16)?;
     root.present().map_err(err)?;
     Ok(true)
 }
@@ -248,14 +257,7 @@ fn speed_vs_depth(res: &ModelResults, path: &Path) -> Result<bool, String> {
                 .draw_series(pts.iter().map(|&c| Circle::new(c, 4, color.filled())))
                 .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.9))
-            .label_font((FAMILY, 14))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, 14)?;
     }
     root.present().map_err(err)?;
     Ok(true)
