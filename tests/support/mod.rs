@@ -1,6 +1,8 @@
 //! Helpers for the tests that drive the real llama.cpp tools built by this crate.
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;

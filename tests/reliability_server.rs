@@ -1,0 +1,646 @@
+//! Reliability of the real llama-server with turbo caches, on the real model: mixed load
+//! with streaming and cancelled requests, slot save/restore (llama_state_seq_*) bit for
+//! bit, refusal of bad state files, context shift past the context size. Figures in
+//! docs/RELIABILITY.md; the long load run is scripts/load_test.py.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use support::server::{stream, Server};
+
+const TURBO: &[&str] = &["-ctk", "turbo4", "-ctv", "turbo3", "-fa", "on"];
+const F16: &[&str] = &["-ctk", "f16", "-ctv", "f16", "-fa", "on"];
+
+fn args<'a>(cache: &[&'a str], more: &[&'a str]) -> Vec<&'a str> {
+    cache.iter().chain(more).copied().collect()
+}
+
+// ------------------------------------------------------------------ load ---
+
+const TOPICS: &[&str] = &[
+    "the sea",
+    "a small robot",
+    "autumn leaves",
+    "the moon",
+    "a lighthouse keeper",
+    "bread baking",
+    "mountain trails",
+    "a city at night",
+    "bees",
+    "old libraries",
+    "trains",
+    "a chess game",
+];
+
+/// The i-th request of the mix: (prompt, max_tokens, stream, cancel after n events).
+fn mixed_request(i: usize) -> (String, u32, bool, Option<usize>) {
+    let topic = TOPICS[i % TOPICS.len()];
+    let filler = "Here is some background that the answer does not need. ";
+    let prompt = match i % 4 {
+        0 => format!("Write one sentence about {topic}."),
+        1 => format!("Tell a short story about {topic}."),
+        2 => format!(
+            "{}Now list three facts about {topic}.",
+            filler.repeat(3 + i % 11)
+        ),
+        _ => format!("Explain {topic} to a child, step by step."),
+    };
+    let max_tokens = [8, 24, 48, 16, 64, 32][i % 6];
+    let streamed = i % 2 == 1;
+    let cancel = (i % 7 == 3 && streamed).then_some(2 + i % 3);
+    (prompt, max_tokens, streamed, cancel)
+}
+
+fn chat_body(prompt: &str, max_tokens: u32, streamed: bool) -> String {
+    json!({
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": streamed,
+    })
+    .to_string()
+}
+
+#[derive(Debug, Clone)]
+struct Answer {
+    text: String,
+    finish: String,
+    tokens: u64,
+}
+
+/// One chat request; Ok(None) for a request cancelled on purpose.
+fn chat(port: u16, i: usize, allow_cancel: bool) -> Result<Option<Answer>, String> {
+    let (prompt, max_tokens, streamed, cancel) = mixed_request(i);
+    let body = chat_body(&prompt, max_tokens, streamed);
+    if !streamed {
+        let r = support::server::request(port, "POST", "/v1/chat/completions", &body)?;
+        if r.code != 200 {
+            return Err(format!("request {i}: HTTP {}: {}", r.code, r.body));
+        }
+        let v: Value = serde_json::from_str(&r.body).map_err(|e| format!("{e}: {}", r.body))?;
+        let c = &v["choices"][0];
+        return Ok(Some(Answer {
+            text: c["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            finish: c["finish_reason"].as_str().unwrap_or_default().to_string(),
+            tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+        }));
+    }
+    let cancel = if allow_cancel { cancel } else { None };
+    let s = stream(port, "/v1/chat/completions", &body, cancel)?;
+    if s.code != 200 {
+        return Err(format!("request {i}: HTTP {}: {}", s.code, s.error));
+    }
+    if cancel.is_some() {
+        return Ok(None);
+    }
+    if !s.done {
+        return Err(format!("request {i}: stream ended without [DONE]"));
+    }
+    let mut text = String::new();
+    let mut finish = String::new();
+    let mut tokens = 0;
+    for e in &s.events {
+        let c = &e["choices"][0];
+        text += c["delta"]["content"].as_str().unwrap_or_default();
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+        if let Some(n) = e["usage"]["completion_tokens"].as_u64() {
+            tokens = n;
+        }
+    }
+    Ok(Some(Answer {
+        text,
+        finish,
+        tokens,
+    }))
+}
+
+fn check_complete(i: usize, a: &Answer) {
+    let (_, max_tokens, _, _) = mixed_request(i);
+    assert!(
+        a.finish == "stop" || a.finish == "length",
+        "request {i}: finish_reason {:?}",
+        a.finish
+    );
+    if a.finish == "length" && a.tokens > 0 {
+        assert_eq!(a.tokens, max_tokens as u64, "request {i}: cut short");
+    }
+    assert!(!a.text.trim().is_empty(), "request {i}: empty answer");
+}
+
+/// Runs requests `range` on `workers` client threads; returns the answers by index.
+fn run_mix(
+    port: u16,
+    range: std::ops::Range<usize>,
+    workers: usize,
+) -> Vec<(usize, Option<Answer>)> {
+    let next = Arc::new(Mutex::new(range.clone()));
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let hs: Vec<_> = (0..workers)
+        .map(|_| {
+            let (next, out) = (next.clone(), out.clone());
+            std::thread::spawn(move || loop {
+                let Some(i) = next.lock().unwrap().next() else {
+                    return;
+                };
+                let a = chat(port, i, true).unwrap_or_else(|e| panic!("{e}"));
+                out.lock().unwrap().push((i, a));
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("client thread failed");
+    }
+    let mut v = Arc::try_unwrap(out).unwrap().into_inner().unwrap();
+    v.sort_by_key(|(i, _)| *i);
+    v
+}
+
+/// 8 slots, continuous batching, 24 mixed requests (streamed or not, some cut off by the
+/// client mid-stream) from 8 clients after one warm-up round: every answer 200 and
+/// complete, the server alive, resident memory flat after warm-up (host prompt cache off);
+/// then 8 of the prompts again one at a time at temperature 0. Batched and lone answers
+/// need not match bit for bit: batch composition changes the float summation order, and
+/// f16 caches differ too (docs/RELIABILITY.md: scripts/load_test.py measures both); a
+/// cross-talk bug between slots would make most of them differ.
+#[test]
+fn load_mixed_requests_with_turbo_cache_complete_and_memory_stays_flat() {
+    let mut srv = Server::start(&args(
+        TURBO,
+        &["-c", "8192", "-np", "8", "--cache-ram", "0"],
+    ));
+    let port = srv.port;
+    run_mix(port, 0..8, 8);
+    let warm = srv.rss_kib();
+    let t = Instant::now();
+    let batched = run_mix(port, 8..32, 8);
+    let secs = t.elapsed().as_secs_f64();
+    assert!(
+        srv.alive(),
+        "llama-server died under load:\n{}",
+        srv.log_tail()
+    );
+    let end = srv.rss_kib();
+    let (mut same, mut compared, mut cancelled) = (0, 0, 0);
+    for (i, a) in &batched {
+        let Some(a) = a else {
+            cancelled += 1;
+            continue;
+        };
+        check_complete(*i, a);
+        if compared < 8 {
+            let alone = chat(port, *i, false).unwrap().unwrap();
+            check_complete(*i, &alone);
+            compared += 1;
+            if alone.text == a.text {
+                same += 1;
+            } else {
+                eprintln!(
+                    "request {i} differs:\n  batched: {:?}\n  alone:   {:?}",
+                    a.text, alone.text
+                );
+            }
+        }
+    }
+    srv.stop();
+    eprintln!(
+        "24 requests ({cancelled} cancelled) in {secs:.1} s; batched == one-at-a-time for {same}/{compared}; \
+         RSS after warm-up {} MiB, after load {} MiB",
+        warm / 1024,
+        end / 1024
+    );
+    assert!(cancelled >= 2, "the mix cancels some streams");
+    assert!(
+        end as f64 <= warm as f64 * 1.05 + 16.0 * 1024.0,
+        "RSS grew from {warm} KiB to {end} KiB"
+    );
+    assert!(
+        same * 2 >= compared,
+        "only {same}/{compared} batched answers identical to lone ones"
+    );
+}
+
+// ------------------------------------------------------------ saved state ---
+
+fn slot_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tq-rel-slots-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn slot_server(cache: &[&str], dir: &std::path::Path) -> Server {
+    let dir = dir.to_str().unwrap();
+    Server::start(&args(
+        cache,
+        &[
+            "-c",
+            "2048",
+            "-np",
+            "1",
+            "--cache-ram",
+            "0",
+            "-lv",
+            "4",
+            "--slot-save-path",
+            dir,
+        ],
+    ))
+}
+
+const STATE_PROMPT: &str = "The lighthouse keeper climbed the stairs every evening. \
+    He counted the steps, lit the lamp and watched the ships pass. One night";
+
+fn tokens(srv: &Server, text: &str) -> Vec<u64> {
+    let v = srv.post_ok("/tokenize", &json!({"content": text, "add_special": true}));
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+/// Greedy completion of a token prompt on slot 0; returns (generated tokens, prompt
+/// tokens evaluated).
+fn complete(srv: &Server, prompt: &[u64], n: u32) -> (Vec<u64>, u64) {
+    let v = srv.post_ok(
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": n, "temperature": 0, "id_slot": 0,
+                "cache_prompt": true, "return_tokens": true}),
+    );
+    let toks: Vec<u64> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(toks.len(), n as usize, "{v}");
+    (toks, v["timings"]["prompt_n"].as_u64().unwrap())
+}
+
+fn slot_action(
+    srv: &Server,
+    action: &str,
+    file: &str,
+) -> Result<support::server::Response, String> {
+    srv.request(
+        "POST",
+        &format!("/slots/0?action={action}"),
+        &json!({"filename": file}).to_string(),
+    )
+}
+
+fn slot_ok(srv: &Server, action: &str, file: &str) -> Value {
+    let r = slot_action(srv, action, file).unwrap();
+    assert_eq!(r.code, 200, "{action} {file}: {}", r.body);
+    serde_json::from_str(&r.body).unwrap()
+}
+
+/// A turbo slot saved to a file, erased and restored (in the same server and in a fresh
+/// one) saves again to the same bytes and continues with the same tokens, reusing the
+/// restored cache instead of recomputing it.
+#[test]
+fn slot_save_restore_with_turbo_cache_is_bit_exact_and_continues_identically() {
+    let dir = slot_dir("rt");
+    let srv = slot_server(TURBO, &dir);
+    let p = tokens(&srv, STATE_PROMPT);
+    let (a, _) = complete(&srv, &p, 16);
+    let saved = slot_ok(&srv, "save", "s1.bin");
+    let n_saved = saved["n_saved"].as_u64().unwrap();
+    assert!(n_saved as usize >= p.len() + 15, "{saved}");
+    let pa: Vec<u64> = p.iter().chain(&a).copied().collect();
+    let (b, _) = complete(&srv, &pa, 16);
+
+    slot_ok(&srv, "erase", "");
+    let restored = slot_ok(&srv, "restore", "s1.bin");
+    assert_eq!(restored["n_restored"].as_u64(), Some(n_saved), "{restored}");
+    slot_ok(&srv, "save", "s2.bin");
+    let s1 = std::fs::read(dir.join("s1.bin")).unwrap();
+    let s2 = std::fs::read(dir.join("s2.bin")).unwrap();
+    assert!(
+        s1 == s2,
+        "state saved after restore differs ({} vs {} bytes)",
+        s1.len(),
+        s2.len()
+    );
+    let (b2, evaluated) = complete(&srv, &pa, 16);
+    assert_eq!(b2, b, "continuation after restore differs");
+    assert!(
+        evaluated < 4,
+        "restored cache not reused: {evaluated} prompt tokens evaluated"
+    );
+    let log = srv.stop();
+    assert!(log.contains("K (turbo4)") && log.contains("V (turbo3)"));
+
+    // a fresh process: restore, save the same bytes, continue the same way
+    let srv = slot_server(TURBO, &dir);
+    let restored = slot_ok(&srv, "restore", "s1.bin");
+    assert_eq!(restored["n_restored"].as_u64(), Some(n_saved));
+    slot_ok(&srv, "save", "s3.bin");
+    assert!(
+        std::fs::read(dir.join("s3.bin")).unwrap() == s1,
+        "fresh server: saved state differs"
+    );
+    let (b3, evaluated) = complete(&srv, &pa, 16);
+    assert_eq!(b3, b, "fresh server: continuation after restore differs");
+    assert!(
+        evaluated < 4,
+        "fresh server: restored cache not reused ({evaluated})"
+    );
+    srv.stop();
+    eprintln!(
+        "state file {} bytes for {n_saved} tokens; continuation {b:?}",
+        s1.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Truncated, corrupted, foreign and wrong-cache-type state files are refused with a
+/// clear error (HTTP 400 "Unable to restore slot"), never a crash; corrupted KV bytes
+/// that the format cannot detect still leave a server that answers sensibly.
+#[test]
+fn slot_restore_refuses_truncated_corrupt_and_wrong_type_files() {
+    let dir = slot_dir("bad");
+    // state files of other cache types, for the wrong-type cases
+    for (cache, file) in [
+        (F16, "f16.bin"),
+        (
+            &["-ctk", "turbo2", "-ctv", "turbo3", "-fa", "on"][..],
+            "k_turbo2.bin",
+        ),
+        (
+            &["-ctk", "turbo4", "-ctv", "turbo4", "-fa", "on"][..],
+            "v_turbo4.bin",
+        ),
+    ] {
+        let srv = slot_server(cache, &dir);
+        let p = tokens(&srv, STATE_PROMPT);
+        complete(&srv, &p, 8);
+        slot_ok(&srv, "save", file);
+        srv.stop();
+    }
+    let mut srv = slot_server(TURBO, &dir);
+    let p = tokens(&srv, STATE_PROMPT);
+    let (good_answer, _) = complete(&srv, &p, 8);
+    slot_ok(&srv, "save", "good.bin");
+    let good = std::fs::read(dir.join("good.bin")).unwrap();
+    let n_tok = u32::from_le_bytes(good[8..12].try_into().unwrap()) as usize;
+    let kv_start = 12 + 4 * n_tok;
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", vec![]),
+        ("header only", good[..8].to_vec()),
+        ("cut in the tokens", good[..12 + 2 * n_tok].to_vec()),
+        ("cut after the tokens", good[..kv_start].to_vec()),
+        (
+            "cut in the KV data",
+            good[..kv_start + (good.len() - kv_start) / 2].to_vec(),
+        ),
+        (
+            "random bytes",
+            (0..8192u32)
+                .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+                .collect(),
+        ),
+    ];
+    let mut magic = good.clone();
+    magic[0] ^= 0xff;
+    cases.push(("wrong magic", magic));
+    let mut version = good.clone();
+    version[4] = version[4].wrapping_add(1);
+    cases.push(("wrong version", version));
+    let mut count = good.clone();
+    count[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    cases.push(("huge token count", count));
+    let mut count = good.clone();
+    count[8..12].copy_from_slice(&((n_tok + 1) as u32).to_le_bytes());
+    cases.push(("token count off by one", count));
+    let mut cells = good.clone();
+    // the KV section starts with the stream count, then the cell count of the stream
+    cells[kv_start + 4..kv_start + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    cases.push(("huge cell count", cells));
+    let mut tok = good.clone();
+    tok[12 + 4..12 + 8].copy_from_slice(&0x7fff_fff0u32.to_le_bytes());
+    cases.push(("server token header corrupted", tok));
+    for (name, f) in [
+        ("f16 cache", "f16.bin"),
+        ("turbo2 K", "k_turbo2.bin"),
+        ("turbo4 V", "v_turbo4.bin"),
+    ] {
+        cases.push((name, std::fs::read(dir.join(f)).unwrap()));
+    }
+    for (i, (name, bytes)) in cases.iter().enumerate() {
+        let file = format!("bad{i}.bin");
+        std::fs::write(dir.join(&file), bytes).unwrap();
+        let r = slot_action(&srv, "restore", &file);
+        assert!(
+            srv.alive(),
+            "{name}: llama-server crashed:\n{}",
+            srv.log_tail()
+        );
+        let r = r
+            .unwrap_or_else(|e| panic!("{name}: no answer ({e}); server log:\n{}", srv.log_tail()));
+        assert_eq!(
+            r.code, 400,
+            "{name}: expected a refusal, got {}: {}",
+            r.code, r.body
+        );
+        assert!(
+            r.body.contains("Unable to restore slot"),
+            "{name}: unclear error {}",
+            r.body
+        );
+        eprintln!("{name}: {}", r.body);
+    }
+    // the slot is usable and answers as before
+    let (again, _) = complete(&srv, &p, 8);
+    assert_eq!(again, good_answer, "answer changed after refused restores");
+
+    // KV payload bytes the format cannot check. Every block scale of layer 0's K rows set
+    // to fp16 NaN (0xffff): the file is well formed, the restore succeeds, the blocks
+    // decode as 0 and the server answers; bytes flipped all over the data: refused or
+    // accepted, the server keeps answering.
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as usize;
+    let cells = u32_at(&good, kv_start + 4);
+    let layer0 = kv_start + 8 + cells * 12; // per cell: pos, n_seq_id, one seq id
+    let (k_type, k_row) = (
+        u32_at(&good, layer0 + 8),
+        u64::from_le_bytes(good[layer0 + 12..layer0 + 20].try_into().unwrap()) as usize,
+    );
+    assert_eq!(
+        (k_type, k_row),
+        (98, 3 * 34),
+        "layer 0 K header (GGML_TYPE_TURBO4, 3 blocks per row)"
+    );
+    let mut nan = good.clone();
+    for block in nan[layer0 + 20..layer0 + 20 + cells * k_row].chunks_mut(34) {
+        block[..2].copy_from_slice(&[0xff, 0xff]);
+    }
+    let mut flipped = good.clone();
+    for j in (kv_start + 64..flipped.len()).step_by(97) {
+        flipped[j] ^= 0x5a;
+    }
+    for (name, bytes) in [
+        ("NaN scales in layer 0 K", nan),
+        ("flipped KV bytes", flipped),
+    ] {
+        std::fs::write(dir.join("payload.bin"), &bytes).unwrap();
+        let r = slot_action(&srv, "restore", "payload.bin");
+        assert!(
+            srv.alive(),
+            "{name}: llama-server crashed:\n{}",
+            srv.log_tail()
+        );
+        let r = r
+            .unwrap_or_else(|e| panic!("{name}: no answer ({e}); server log:\n{}", srv.log_tail()));
+        if name.contains("NaN") {
+            assert_eq!(
+                r.code, 200,
+                "{name}: a well-formed file was refused: {}",
+                r.body
+            );
+        }
+        assert!(
+            r.code == 200 || r.code == 400,
+            "{name}: {} {}",
+            r.code,
+            r.body
+        );
+        let v = srv.post_ok(
+            "/completion",
+            &json!({"prompt": STATE_PROMPT, "n_predict": 8, "temperature": 0, "id_slot": 0,
+                    "ignore_eos": true}),
+        );
+        assert_eq!(v["tokens_predicted"].as_u64(), Some(8), "{name}: {v}");
+        eprintln!("{name}: restore {}, then {:?}", r.code, v["content"]);
+    }
+    srv.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------- context shift ---
+
+/// Generates 640 tokens (EOS ignored) in a 256-token slot with --context-shift: returns
+/// (text, mean probability of the greedy token before the first shift, after it).
+fn shifted_generation(cache: &[&str]) -> (String, f64, f64, usize) {
+    let srv = Server::start(&args(
+        cache,
+        &[
+            "-c",
+            "256",
+            "-np",
+            "1",
+            "--context-shift",
+            "--cache-ram",
+            "0",
+            "-lv",
+            "4",
+        ],
+    ));
+    let v = srv.post_ok(
+        "/completion",
+        &json!({"prompt": "Once upon a time, in a village by the sea, there lived an old fisherman who",
+                "n_predict": 640, "temperature": 0, "ignore_eos": true, "n_probs": 1}),
+    );
+    let log = srv.stop();
+    assert!(
+        !log.contains("ctx_shift is not supported"),
+        "context shift was disabled"
+    );
+    let shifts = log.matches("slot context shift").count();
+    assert_eq!(
+        v["tokens_predicted"].as_u64(),
+        Some(640),
+        "{}",
+        v["stop_type"]
+    );
+    let probs: Vec<f64> = v["completion_probabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["logprob"].as_f64().expect("logprob").exp())
+        .collect();
+    assert_eq!(probs.len(), 640);
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+    // the prompt is ~20 tokens: the first shift comes after ~235 generated tokens
+    (
+        v["content"].as_str().unwrap().to_string(),
+        mean(&probs[..200]),
+        mean(&probs[300..]),
+        shifts,
+    )
+}
+
+/// With turbo caches the text goes on past the context size as it does with f16: the
+/// shift happens, every token is produced, the text stays words, and the model stays as
+/// sure of its greedy tokens after the shifts as before them.
+#[test]
+fn context_shift_with_turbo_cache_keeps_generating_past_the_context() {
+    let mut res = Vec::new();
+    for (name, cache) in [("turbo4/turbo3", TURBO), ("f16", F16)] {
+        let (text, before, after, shifts) = shifted_generation(cache);
+        let tail: String = text.chars().skip(text.chars().count() * 2 / 3).collect();
+        let words: std::collections::HashSet<&str> = tail.split_whitespace().collect();
+        let letters = tail
+            .chars()
+            .filter(|c| c.is_ascii_alphabetic() || c.is_whitespace() || ".,;:'\"!?-".contains(*c))
+            .count();
+        let ascii = letters as f64 / tail.chars().count().max(1) as f64;
+        eprintln!(
+            "{name}: {shifts} shifts, greedy prob before {before:.3} after {after:.3}, {} distinct words in the last third, {:.0}% letters\n  tail: {tail:?}",
+            words.len(),
+            ascii * 100.0
+        );
+        assert!(shifts >= 2, "{name}: {shifts} context shifts");
+        assert!(
+            ascii > 0.9,
+            "{name}: the text after the shifts is not words: {tail:?}"
+        );
+        res.push((name, before, after, words.len()));
+    }
+    let (turbo, f16) = (res[0], res[1]);
+    assert!(
+        turbo.2 > 0.8 * turbo.1,
+        "turbo loses confidence after the shifts: {turbo:?}"
+    );
+    assert!(
+        turbo.2 > 0.8 * f16.2,
+        "turbo after the shifts: {turbo:?} vs f16 {f16:?}"
+    );
+}
+
+/// A state file cut inside the last layer's V rows. llama.cpp's buffered `llama_file`
+/// read (src/llama-mmap.cpp, `read_raw_unsafe`, `fd == -1` path) clamps a read to the
+/// bytes left in the file without failing, so the restore "succeeds" with a short read
+/// and `GGML_ASSERT(nread <= state_size)` in `llama_context::state_seq_load_file` aborts
+/// the whole server (an upstream bug; see docs/RELIABILITY.md). Run with `--ignored`.
+#[test]
+#[ignore = "aborts llama-server: upstream llama_file short read (docs/RELIABILITY.md)"]
+fn slot_restore_refuses_a_file_cut_in_the_last_v_rows() {
+    let dir = slot_dir("cut");
+    let mut srv = slot_server(TURBO, &dir);
+    let p = tokens(&srv, STATE_PROMPT);
+    complete(&srv, &p, 8);
+    slot_ok(&srv, "save", "good.bin");
+    let good = std::fs::read(dir.join("good.bin")).unwrap();
+    for (name, cut) in [("last byte missing", 1), ("last 100 bytes missing", 100)] {
+        std::fs::write(dir.join("cut.bin"), &good[..good.len() - cut]).unwrap();
+        let r = slot_action(&srv, "restore", "cut.bin");
+        assert!(
+            srv.alive(),
+            "{name}: llama-server crashed:\n{}",
+            srv.log_tail()
+        );
+        let r = r
+            .unwrap_or_else(|e| panic!("{name}: no answer ({e}); server log:\n{}", srv.log_tail()));
+        assert_eq!(r.code, 400, "{name}: {}", r.body);
+    }
+    srv.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
