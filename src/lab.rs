@@ -493,6 +493,73 @@ pub fn roundtrip_rows(codec: Codec, dim: usize, rot_dim: usize, rows: &[f32]) ->
     out
 }
 
+// ---------------------------------------------------------------------------------------
+// K mean removal (llama.cpp's turbo K caches, ggml-ext/include/tq-kmean.h)
+
+/// Keys of the first ubatch at llama.cpp's default `-ub 512`: the K mean is their mean.
+pub const K_MEAN_TOKENS: usize = 512;
+/// llama.cpp's `TQ_KMEAN_MIN_TOKENS`: a first ubatch smaller than this leaves m = 0.
+pub const K_MEAN_MIN_TOKENS: usize = 32;
+
+impl Codec {
+    /// Whether llama.cpp stores `k - m` instead of `k` in a K cache of this type (the
+    /// turbo types, unless `TQ_K_MEAN=0`).
+    pub fn removes_k_mean(self) -> bool {
+        matches!(self, Codec::Turbo(_))
+    }
+}
+
+/// The K mean of llama.cpp's turbo caches for token-major `[token][n_heads][dim]` keys, as
+/// `[n_heads][dim]`: per head, the mean of the first `min(first, n)` tokens (the first
+/// ubatch written into an empty cache, `first` = the ubatch size); zero when that is fewer
+/// than [`K_MEAN_MIN_TOKENS`] tokens, as llama.cpp does.
+pub fn k_mean(rows: &[f32], n_heads: usize, dim: usize, first: usize) -> Vec<f32> {
+    let w = n_heads * dim;
+    let n = (rows.len() / w).min(first);
+    if n < K_MEAN_MIN_TOKENS {
+        return vec![0.0; w];
+    }
+    let mut s = vec![0f64; w];
+    for t in rows.chunks_exact(w).take(n) {
+        for (a, &x) in s.iter_mut().zip(t) {
+            *a += x as f64;
+        }
+    }
+    s.iter().map(|&a| (a / n as f64) as f32).collect()
+}
+
+/// `rows - m` with `m` repeated over every `m.len()`-long chunk (a token of
+/// `[token][n_heads][dim]` rows and the `[n_heads][dim]` mean of [`k_mean`]).
+pub fn sub_mean(rows: &[f32], m: &[f32]) -> Vec<f32> {
+    let mut out = rows.to_vec();
+    for t in out.chunks_exact_mut(m.len()) {
+        for (x, &a) in t.iter_mut().zip(m) {
+            *x -= a;
+        }
+    }
+    out
+}
+
+/// What a K cache of type `codec` gives back for the keys `rows` (`[token][n_heads][dim]`,
+/// `m` their `[n_heads][dim]` K mean, `None` for no mean removal): `dequant(quant(k - m))`
+/// when the codec removes the K mean (turbo), else `dequant(quant(k))`. The former is in the
+/// shifted frame, as in llama.cpp: logits `q·k̂` are off by `-q·m`, the same for every key of
+/// a query, so softmax and the top-1 are as if `m` were added back.
+pub fn roundtrip_keys(
+    codec: Codec,
+    dim: usize,
+    rot_dim: usize,
+    rows: &[f32],
+    m: Option<&[f32]>,
+) -> Vec<f32> {
+    match m {
+        Some(m) if codec.removes_k_mean() => {
+            roundtrip_rows(codec, dim, rot_dim, &sub_mean(rows, m))
+        }
+        _ => roundtrip_rows(codec, dim, rot_dim, rows),
+    }
+}
+
 /// Distortion per unit-norm vector of the `b`-bit Lloyd-Max quantizer for one coordinate
 /// of a uniform point on S^63 (what the turbo codebooks are), and the implied cosine
 /// `sqrt(1 - D)` (the optimum's reconstruction is shorter than the input: E x·x̂ = E|x̂|²).
@@ -549,8 +616,12 @@ pub fn weighted_sum(p: &[f32], rows: &[f32], dim: usize, out: &mut [f32]) {
 pub struct Pool<'a> {
     /// `n` keys of `dim` values, exact
     pub keys: &'a [f32],
-    /// the same keys after each codec (same order as `codecs`)
+    /// the same keys after each codec (same order as `codecs`), made with
+    /// [`roundtrip_keys`] and `k_mean`
     pub keys_q: &'a [Vec<f32>],
+    /// the pool's K mean (`dim` values) when the turbo codecs remove it (see
+    /// [`roundtrip_keys`]); `None`: no mean removal
+    pub k_mean: Option<&'a [f32]>,
     /// `n` values of `dim_v` values, exact and after each codec
     pub values: &'a [f32],
     pub values_q: &'a [Vec<f32>],
@@ -574,7 +645,9 @@ pub struct TrialResult {
 /// needle `k_p + α q / |q|²`, with `α` chosen so that the needle's exact attention weight is
 /// `needle_weight` (at 0.5 or more the needle is the exact top-1); the needle's value stays
 /// `v_p`. For each codec the keys (and values) are quantized and the top-1 position of
-/// `q·k̂ * scale` compared with the exact one.
+/// `q·k̂ * scale` compared with the exact one. With `pool.k_mean`, turbo codecs quantize
+/// `k - m` (the needle too) and `k̂` is in the shifted frame (see [`roundtrip_keys`]): the
+/// exact side is always attention over the unshifted keys.
 pub fn needle_trial(
     pool: &Pool,
     codecs: &[Codec],
@@ -630,9 +703,8 @@ pub fn needle_trial(
         )
     };
     let mut res = Vec::with_capacity(codecs.len());
-    let mut needle_q = vec![0f32; d];
     for (ci, &c) in codecs.iter().enumerate() {
-        c.roundtrip(pool.rot_dim, &needle, &mut needle_q);
+        let needle_q = roundtrip_keys(c, d, pool.rot_dim, &needle, pool.k_mean);
         let kq = &pool.keys_q[ci];
         let pool_sq: Vec<f32> = kq.chunks_exact(d).map(|k| dot(q, k) * scale).collect();
         let mut s: Vec<f32> = idx.iter().map(|&i| pool_sq[i]).collect();

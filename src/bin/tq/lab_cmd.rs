@@ -413,6 +413,55 @@ pub fn kv_norms(o: Out) -> Result<(), String> {
 }
 
 // ---------------------------------------------------------------------------------------
+// K mean removal (distortion, niah, recommend)
+
+/// The K mean switch of distortion, niah and recommend.
+#[derive(Args, Clone)]
+pub struct KMeanOpt {
+    /// no K mean removal: turbo K caches store k itself (llama.cpp with TQ_K_MEAN=0, and
+    /// this lab before llama.cpp removed the K mean). Default, as llama.cpp does: a turbo K
+    /// cache stores k - m, m per layer and KV head = the mean of the first min(512, n)
+    /// captured keys (the first ubatch llama.cpp writes into an empty cache at its default
+    /// -ub 512; m = 0 when that is under 32 tokens); q8_0/q4_0/f16 K and all V are
+    /// unchanged. Softmax ignores the shift -q·m common to a query's logits, so exact
+    /// attention is unchanged; only the quantization error moves
+    #[arg(long)]
+    pub no_k_mean: bool,
+}
+
+impl KMeanOpt {
+    pub fn on(&self) -> bool {
+        !self.no_k_mean
+    }
+}
+
+fn k_mean_json(on: bool) -> serde_json::Value {
+    serde_json::json!({
+        "removed": on,
+        "rule": if on {
+            format!("turbo K caches store k - m (llama.cpp's K mean removal, tq-kmean.h); m per layer and KV head = mean of the first min({}, n_tokens) captured keys (llama.cpp's first ubatch at its default -ub {}), 0 if that is under {} tokens; q8_0/q4_0/f16 K and V unchanged", lab::K_MEAN_TOKENS, lab::K_MEAN_TOKENS, lab::K_MEAN_MIN_TOKENS)
+        } else {
+            "none (--no-k-mean: turbo K caches store k, as llama.cpp with TQ_K_MEAN=0)".to_string()
+        },
+    })
+}
+
+/// For titles and table captions.
+fn k_mean_words(on: bool) -> &'static str {
+    if on {
+        "turbo K mean removed"
+    } else {
+        "no K mean removal"
+    }
+}
+
+/// The `[n_head_kv][head_k]` K mean of layer `l` when `on` (see `KMeanOpt`).
+fn layer_k_mean(c: &Capture, l: usize, on: bool) -> Option<Vec<f32>> {
+    let h = &c.header;
+    on.then(|| lab::k_mean(&c.k[l], h.n_head_kv, h.head_k, lab::K_MEAN_TOKENS))
+}
+
+// ---------------------------------------------------------------------------------------
 // distortion
 
 fn parse_codecs(s: &str) -> Result<Vec<Codec>, String> {
@@ -437,6 +486,8 @@ pub struct DistortionOpts {
     /// comma-separated cache types
     #[arg(long, default_value = "turbo4,turbo3,turbo2,q8_0,q4_0")]
     pub types: String,
+    #[command(flatten)]
+    pub k_mean: KMeanOpt,
 }
 
 #[derive(Serialize, Clone, Copy, Default)]
@@ -449,8 +500,8 @@ pub struct Dist {
     pub cos_p1: f64,
 }
 
-fn dist_of(codec: Codec, rows: &[f32], dim: usize, rot: usize) -> Dist {
-    let y = lab::roundtrip_rows(codec, dim, rot, rows);
+/// Distortion of the reconstruction `y` of the rows `rows` (each `dim` long).
+fn dist(rows: &[f32], y: &[f32], dim: usize) -> Dist {
     let mut mse = 0.0;
     let mut coss = Vec::with_capacity(rows.len() / dim);
     for (x, xh) in rows.chunks_exact(dim).zip(y.chunks_exact(dim)) {
@@ -478,14 +529,34 @@ fn dist_of(codec: Codec, rows: &[f32], dim: usize, rot: usize) -> Dist {
 pub struct DistRow {
     pub codec: &'static str,
     pub bits_per_value: f64,
+    /// k against the reconstruction of k (the cache storing k: no mean removal)
     pub k: Dist,
+    /// turbo types with K mean removal: k - m against dequant(quant(k - m)), what attention
+    /// sees up to the softmax-invariant shift
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub k_with_k_mean: Option<Dist>,
+    /// no mean removal, measured on the same quantity: k - m against k̂ - m (k̂ the
+    /// reconstruction of k); every type, when K mean removal is on
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub k_centred_without_k_mean: Option<Dist>,
     pub v: Dist,
     /// Lloyd-Max distortion per unit vector of the b-bit codebook (turbo types only)
     pub lloyd_max: Option<f64>,
     /// 4^-b
     pub lower_bound: Option<f64>,
     pub k_layers: Vec<Dist>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub k_with_k_mean_layers: Vec<Dist>,
     pub v_layers: Vec<Dist>,
+}
+
+/// One layer's distortions of one type (see DistRow).
+#[derive(Clone, Copy)]
+struct LayerDist {
+    k: Dist,
+    k_with: Option<Dist>,
+    k_centred: Option<Dist>,
+    v: Dist,
 }
 
 fn mean_dist(ds: &[Dist]) -> Dist {
@@ -497,18 +568,37 @@ fn mean_dist(ds: &[Dist]) -> Dist {
     }
 }
 
-pub fn distortion_rows(c: &Capture, codecs: &[Codec]) -> Result<Vec<DistRow>, String> {
+pub fn distortion_rows(
+    c: &Capture,
+    codecs: &[Codec],
+    k_mean: bool,
+) -> Result<Vec<DistRow>, String> {
     let h = &c.header;
+    let (dk, dv) = (h.head_k, h.head_v);
     let (rk, rv) = rot_dims(c)?;
     let pb = progress(h.n_layer as u64, "layers");
-    let per: Vec<Vec<(Dist, Dist)>> = per_layer(h.n_layer, &pb, |l| {
+    let per: Vec<Vec<LayerDist>> = per_layer(h.n_layer, &pb, |l| {
+        let m = layer_k_mean(c, l, k_mean);
+        let centred = m.as_deref().map(|m| lab::sub_mean(&c.k[l], m));
         codecs
             .iter()
             .map(|&cd| {
-                (
-                    dist_of(cd, &c.k[l], h.head_k, rk),
-                    dist_of(cd, &c.v[l], h.head_v, rv),
-                )
+                let y = lab::roundtrip_rows(cd, dk, rk, &c.k[l]);
+                let (k_with, k_centred) = match (&m, &centred) {
+                    (Some(m), Some(kc)) => (
+                        // what llama.cpp stores: k - m, for the types that remove it
+                        cd.removes_k_mean()
+                            .then(|| dist(kc, &lab::roundtrip_rows(cd, dk, rk, kc), dk)),
+                        Some(dist(kc, &lab::sub_mean(&y, m), dk)),
+                    ),
+                    _ => (None, None),
+                };
+                LayerDist {
+                    k: dist(&c.k[l], &y, dk),
+                    k_with,
+                    k_centred,
+                    v: dist(&c.v[l], &lab::roundtrip_rows(cd, dv, rv, &c.v[l]), dv),
+                }
             })
             .collect()
     });
@@ -517,16 +607,24 @@ pub fn distortion_rows(c: &Capture, codecs: &[Codec]) -> Result<Vec<DistRow>, St
         .iter()
         .enumerate()
         .map(|(i, &cd)| {
-            let kl: Vec<Dist> = per.iter().map(|p| p[i].0).collect();
-            let vl: Vec<Dist> = per.iter().map(|p| p[i].1).collect();
+            let col = |f: &dyn Fn(&LayerDist) -> Option<Dist>| -> Vec<Dist> {
+                per.iter().filter_map(|p| f(&p[i])).collect()
+            };
+            let kl = col(&|d| Some(d.k));
+            let kw = col(&|d| d.k_with);
+            let kc = col(&|d| d.k_centred);
+            let vl = col(&|d| Some(d.v));
             DistRow {
                 codec: cd.name(),
                 bits_per_value: cd.bits_per_value(),
                 k: mean_dist(&kl),
+                k_with_k_mean: (!kw.is_empty()).then(|| mean_dist(&kw)),
+                k_centred_without_k_mean: (!kc.is_empty()).then(|| mean_dist(&kc)),
                 v: mean_dist(&vl),
                 lloyd_max: cd.index_bits().map(lab::lloyd_max_distortion),
                 lower_bound: cd.index_bits().map(lab::lower_bound),
                 k_layers: kl,
+                k_with_k_mean_layers: kw,
                 v_layers: vl,
             }
         })
@@ -536,24 +634,48 @@ pub fn distortion_rows(c: &Capture, codecs: &[Codec]) -> Result<Vec<DistRow>, St
 pub fn distortion(o: DistortionOpts) -> Result<(), String> {
     let codecs = parse_codecs(&o.types)?;
     let c = load(&o.out)?;
-    let rows = distortion_rows(&c, &codecs)?;
+    let km = o.k_mean.on();
+    let rows = distortion_rows(&c, &codecs, km)?;
     let json = serde_json::json!({
         "capture": o.out.capture, "model": c.header.model,
-        "method": "each head vector through the cache type as llama.cpp applies it: turbo after the seeded rotation, q8_0/q4_0 (Rust re-implementation of ggml's quantize_row_q*_0_ref, fp16 scale) after upstream's plain Hadamard rotation; K rotation size = largest power of 2 dividing head_k, V: 64. Means over all tokens, heads and layers; cos_p1 = worst layer's 1st percentile",
+        "method": "each head vector through the cache type as llama.cpp applies it: turbo after the seeded rotation, q8_0/q4_0 (Rust re-implementation of ggml's quantize_row_q*_0_ref, fp16 scale) after upstream's plain Hadamard rotation; K rotation size = largest power of 2 dividing head_k, V: 64. Means over all tokens, heads and layers; cos_p1 = worst layer's 1st percentile. k: k vs its reconstruction, no mean removal; k_with_k_mean (turbo, K mean removal on): k - m vs dequant(quant(k - m)); k_centred_without_k_mean: k - m vs k^ - m, the cache storing k, i.e. the error of the no-removal cache in the quantity attention sees",
+        "k_mean": k_mean_json(km),
         "types": rows,
     });
     emit(&o.out, &json, || {
         println!("{}", header_line(&c));
         println!("relative MSE |x-x̂|²/|x|² and cosine per head vector, mean over all layers; Lloyd-Max = optimum of the b-bit codebook per unit vector (cos = sqrt(1-D)), bound = 4^-b");
-        println!("| type | bits/value | K rel MSE | K cos | K cos p1 | V rel MSE | V cos | V cos p1 | Lloyd-Max D (cos) | bound 4^-b (cos) |");
-        println!("|---|---|---|---|---|---|---|---|---|---|");
+        let th = |d: Option<f64>| {
+            d.map(|d| format!("{d:.4} ({:.4})", (1.0 - d).sqrt()))
+                .unwrap_or_else(|| "-".into())
+        };
+        if km {
+            println!(
+                "K, no mean removal: k vs k̂. K-m, with K mean removal (turbo; what llama.cpp stores): k-m vs dequant(quant(k-m)), m = per (layer, KV head) mean of the first min({}, n) keys. K-m, no removal: k-m vs k̂-m (the same quantity, the cache storing k)",
+                lab::K_MEAN_TOKENS
+            );
+            println!("| type | bits/value | K rel MSE, no mean removal | K cos, no mean removal | K cos p1, no mean removal | K-m rel MSE, with K mean removal | K-m cos, with K mean removal | K-m cos p1, with K mean removal | K-m rel MSE, no removal | K-m cos, no removal | V rel MSE | V cos | V cos p1 | Lloyd-Max D (cos) | bound 4^-b (cos) |");
+            println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        } else {
+            println!("| type | bits/value | K rel MSE | K cos | K cos p1 | V rel MSE | V cos | V cos p1 | Lloyd-Max D (cos) | bound 4^-b (cos) |");
+            println!("|---|---|---|---|---|---|---|---|---|---|");
+        }
         for r in &rows {
-            let th = |d: Option<f64>| {
-                d.map(|d| format!("{d:.4} ({:.4})", (1.0 - d).sqrt()))
-                    .unwrap_or_else(|| "-".into())
+            let with = if km {
+                let w = r
+                    .k_with_k_mean
+                    .map(|d| format!("{:.5} | {:.4} | {:.4}", d.rel_mse, d.cos, d.cos_p1))
+                    .unwrap_or_else(|| "- | - | -".into());
+                let cn = r
+                    .k_centred_without_k_mean
+                    .map(|d| format!("{:.5} | {:.4}", d.rel_mse, d.cos))
+                    .unwrap_or_else(|| "- | -".into());
+                format!(" {w} | {cn} |")
+            } else {
+                String::new()
             };
             println!(
-                "| {} | {:.2} | {:.5} | {:.4} | {:.4} | {:.5} | {:.4} | {:.4} | {} | {} |",
+                "| {} | {:.2} | {:.5} | {:.4} | {:.4} |{with} {:.5} | {:.4} | {:.4} | {} | {} |",
                 r.codec,
                 r.bits_per_value,
                 r.k.rel_mse,
@@ -568,9 +690,14 @@ pub fn distortion(o: DistortionOpts) -> Result<(), String> {
         }
     });
     plot_or_warn(&o.out, |p| {
+        let k_label = if km {
+            "K, no mean removal"
+        } else {
+            "K (measured)"
+        };
         let mut series = vec![
             Series::points(
-                "K (measured)",
+                k_label,
                 rows.iter()
                     .map(|r| (r.bits_per_value, r.k.rel_mse))
                     .collect(),
@@ -585,6 +712,25 @@ pub fn distortion(o: DistortionOpts) -> Result<(), String> {
                 1,
             ),
         ];
+        if km {
+            series.push(Series::points(
+                "K-m with K mean removal (turbo)",
+                rows.iter()
+                    .filter_map(|r| r.k_with_k_mean.map(|d| (r.bits_per_value, d.rel_mse)))
+                    .collect(),
+                3,
+            ));
+            series.push(Series::points(
+                "K-m, cache storing k (no removal)",
+                rows.iter()
+                    .filter_map(|r| {
+                        r.k_centred_without_k_mean
+                            .map(|d| (r.bits_per_value, d.rel_mse))
+                    })
+                    .collect(),
+                4,
+            ));
+        }
         // theory at the turbo types' bits/value
         let bits = [2u32, 3, 4];
         let at = |b: u32| b as f64 + 0.25;
@@ -628,8 +774,16 @@ pub fn distortion(o: DistortionOpts) -> Result<(), String> {
 /// that the needle's exact attention weight softmax(q·k/sqrt(d))_p is --needle-weight (0.5:
 /// the needle's logit equals the logsumexp of all other logits, so it is the exact top-1).
 /// Its value is v_p. Every key and value is then passed through the cache type (rotation
-/// included) and the metric is whether argmax_j q·k̂_j is still the exact top-1 position. The attention-output cosine compares
-/// softmax(q·K̂/sqrt(d))·V̂ with the exact softmax(q·K/sqrt(d))·V.
+/// included) and the metric is whether argmax_j q·k̂_j is still the exact top-1 position.
+/// The attention-output cosine compares softmax(q·K̂/sqrt(d))·V̂ with the exact
+/// softmax(q·K/sqrt(d))·V.
+///
+/// K mean removal (default; --no-k-mean turns it off), as llama.cpp's turbo K caches do:
+/// turbo types quantize k - m instead of k (the needle too), m = the mean of the first
+/// min(512, n) keys of the source's pool in token order (llama.cpp's first ubatch at its
+/// default -ub 512; 0 under 32 keys), so k̂ = dequant(quant(k - m)). Logits q·k̂ are then
+/// shifted by -q·m for every key of the query, which softmax and argmax ignore: k̂ is
+/// compared with exact attention over k. q8_0/q4_0 keys and all values are unchanged.
 #[derive(Args, Clone)]
 #[command(verbatim_doc_comment)]
 pub struct NiahOpts {
@@ -652,6 +806,8 @@ pub struct NiahOpts {
     pub types: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    #[command(flatten)]
+    pub k_mean: KMeanOpt,
 }
 
 #[derive(Serialize, Clone)]
@@ -719,9 +875,13 @@ pub fn niah_cells(c: &Capture, o: &NiahOpts, codecs: &[Codec]) -> Result<Vec<Nia
                 real: None,
             }
         };
+        let m = o
+            .k_mean
+            .on()
+            .then(|| lab::k_mean(&unit.keys, 1, h.head_k, lab::K_MEAN_TOKENS));
         let keys_q: Vec<Vec<f32>> = codecs
             .iter()
-            .map(|&cd| lab::roundtrip_rows(cd, h.head_k, rk, &unit.keys))
+            .map(|&cd| lab::roundtrip_keys(cd, h.head_k, rk, &unit.keys, m.as_deref()))
             .collect();
         let values_q: Vec<Vec<f32>> = codecs
             .iter()
@@ -732,6 +892,7 @@ pub fn niah_cells(c: &Capture, o: &NiahOpts, codecs: &[Codec]) -> Result<Vec<Nia
             keys_q: &keys_q,
             values: &unit.values,
             values_q: &values_q,
+            k_mean: m.as_deref(),
             dim: h.head_k,
             dim_v: h.head_v,
             rot_dim: rk,
@@ -800,15 +961,16 @@ pub fn niah(o: NiahOpts) -> Result<(), String> {
     let cells = niah_cells(&c, &o, &codecs)?;
     let json = serde_json::json!({
         "capture": o.out.capture, "model": c.header.model,
-        "definition": "haystack of L keys drawn with replacement from a pool (real: all captured post-RoPE keys of one (layer, KV head); synthetic: N(0,I) keys), query real (same layer, a query head of that group, random token) or N(0,I); needle at a random position p: k_p + alpha q/|q|^2 with exact attention weight needle_weight; metric top1 = fraction of trials where argmax_j q.k^_j after quantizing keys is the exact argmax (= p for needle_weight >= 0.5) (rotation included); out_cos = mean cosine of softmax(qK^/sqrt(d))V^ vs exact",
+        "definition": "haystack of L keys drawn with replacement from a pool (real: all captured post-RoPE keys of one (layer, KV head); synthetic: N(0,I) keys), query real (same layer, a query head of that group, random token) or N(0,I); needle at a random position p: k_p + alpha q/|q|^2 with exact attention weight needle_weight; metric top1 = fraction of trials where argmax_j q.k^_j after quantizing keys is the exact argmax (= p for needle_weight >= 0.5) (rotation included); out_cos = mean cosine of softmax(qK^/sqrt(d))V^ vs exact; with K mean removal, turbo k^ = dequant(quant(k - m)), m = mean of the first min(512, n) pool keys (softmax-invariant shift)",
+        "k_mean": k_mean_json(o.k_mean.on()),
         "needle_weight": o.needle_weight, "trials": o.trials, "synthetic_pool": o.synthetic_pool,
         "seed": o.seed, "cells": cells,
     });
     emit(&o.out, &json, || {
         println!("{}", header_line(&c));
         println!(
-            "needle proxy: top-1 unchanged after quantizing K (fraction of {} trials), needle weight {}; attention-output cosine in parentheses",
-            o.trials, o.needle_weight
+            "needle proxy: top-1 unchanged after quantizing K (fraction of {} trials), needle weight {}; attention-output cosine in parentheses; {}",
+            o.trials, o.needle_weight, k_mean_words(o.k_mean.on())
         );
         for src in ["real", "synthetic"] {
             print!("| {src} K | ");
@@ -850,8 +1012,9 @@ pub fn niah(o: NiahOpts) -> Result<(), String> {
         lab_plot::lines(
             p,
             &format!(
-                "{}: needle top-1 unchanged vs length (solid real K, thin synthetic)",
-                stem(&c.header.model)
+                "{}: needle top-1 vs length, {} (bold: real K)",
+                stem(&c.header.model),
+                k_mean_words(o.k_mean.on())
             ),
             "log2 sequence length",
             "top-1 unchanged (fraction)",
@@ -878,6 +1041,8 @@ pub struct RecommendOpts {
     /// candidate types for K and for V
     #[arg(long, default_value = "f16,q8_0,q4_0,turbo4,turbo3,turbo2")]
     pub types: String,
+    #[command(flatten)]
+    pub k_mean: KMeanOpt,
 }
 
 #[derive(Serialize)]
@@ -895,12 +1060,14 @@ pub struct PairRow {
 }
 
 /// Attention-output cosine per layer for every (K type, V type): causal attention of the
-/// captured queries over all earlier captured keys/values.
+/// captured queries over all earlier captured keys/values. With `k_mean`, turbo K caches
+/// hold dequant(quant(k - m)) (see `KMeanOpt`), compared with exact attention over k.
 pub fn pair_rows(
     c: &Capture,
     codecs: &[Codec],
     queries: usize,
     target: f64,
+    k_mean: bool,
 ) -> Result<Vec<PairRow>, String> {
     let h = &c.header;
     let (rk, rv) = rot_dims(c)?;
@@ -913,9 +1080,10 @@ pub fn pair_rows(
     let pb = progress(h.n_layer as u64, "layers");
     // per layer: [kc][vc] mean cosine
     let per: Vec<Vec<f64>> = per_layer(h.n_layer, &pb, |l| {
+        let m = layer_k_mean(c, l, k_mean);
         let kq: Vec<Vec<f32>> = codecs
             .iter()
-            .map(|&cd| lab::roundtrip_rows(cd, h.head_k, rk, &c.k[l]))
+            .map(|&cd| lab::roundtrip_keys(cd, h.head_k, rk, &c.k[l], m.as_deref()))
             .collect();
         let vq: Vec<Vec<f32>> = codecs
             .iter()
@@ -998,7 +1166,7 @@ pub fn recommend(o: RecommendOpts) -> Result<(), String> {
     if c.header.n_tokens < 4 {
         return Err("the capture needs at least 4 tokens".into());
     }
-    let rows = pair_rows(&c, &codecs, o.queries, o.target)?;
+    let rows = pair_rows(&c, &codecs, o.queries, o.target, o.k_mean.on())?;
     let norms = norm_rows(&c);
     let best = rows.iter().find(|r| r.meets_target);
     let best_sym = rows.iter().find(|r| r.meets_target && r.ctk == r.ctv);
@@ -1011,6 +1179,7 @@ pub fn recommend(o: RecommendOpts) -> Result<(), String> {
     let json = serde_json::json!({
         "capture": o.out.capture, "model": c.header.model, "target": o.target,
         "criterion": "every layer's mean attention-output cosine (softmax(qK^/sqrt(d))V^ vs exact, causal, captured queries at positions in the second half) >= target; least bits per value wins, ties to higher quality",
+        "k_mean": k_mean_json(o.k_mean.on()),
         "kv_norm_ratio": {"median": ratio_med, "max": ratio_max},
         "recommended": best.map(|r| serde_json::json!({"ctk": r.ctk, "ctv": r.ctv, "flags": flags(r), "bits_per_value": r.bits_per_value})),
         "recommended_symmetric": best_sym.map(|r| serde_json::json!({"ctk": r.ctk, "ctv": r.ctv, "flags": flags(r), "bits_per_value": r.bits_per_value})),
@@ -1019,8 +1188,8 @@ pub fn recommend(o: RecommendOpts) -> Result<(), String> {
     emit(&o.out, &json, || {
         println!("{}", header_line(&c));
         println!(
-            "K/V norm ratio per layer: median {ratio_med:.1}, max {ratio_max:.1}; attention-output cosine per (K, V) cache pair, {} queries x {} heads per layer",
-            o.queries.min(c.header.n_tokens / 2), c.header.n_head
+            "K/V norm ratio per layer: median {ratio_med:.1}, max {ratio_max:.1}; attention-output cosine per (K, V) cache pair, {} queries x {} heads per layer; {}",
+            o.queries.min(c.header.n_tokens / 2), c.header.n_head, k_mean_words(o.k_mean.on())
         );
         println!(
             "| -ctk | -ctv | bits/value | out cos mean | worst layer (cos) | target {} |",
@@ -1084,8 +1253,9 @@ pub fn recommend(o: RecommendOpts) -> Result<(), String> {
         lab_plot::lines(
             p,
             &format!(
-                "{}: worst-layer attention-output error by cache pair",
-                stem(&c.header.model)
+                "{}: worst-layer attention error by pair, {}",
+                stem(&c.header.model),
+                k_mean_words(o.k_mean.on())
             ),
             "average bits per value (K and V)",
             "1 - attention-output cosine, worst layer (log)",
