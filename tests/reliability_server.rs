@@ -297,6 +297,17 @@ fn slot_action(
     )
 }
 
+/// Restores `file` into slot 0 (case `name`): the server must survive and answer.
+fn restore(srv: &mut Server, name: &str, file: &str) -> support::server::Response {
+    let r = slot_action(srv, "restore", file);
+    assert!(
+        srv.alive(),
+        "{name}: llama-server crashed:\n{}",
+        srv.log_tail()
+    );
+    r.unwrap_or_else(|e| panic!("{name}: no answer ({e}); server log:\n{}", srv.log_tail()))
+}
+
 fn slot_ok(srv: &Server, action: &str, file: &str) -> Value {
     let r = slot_action(srv, action, file).unwrap();
     assert_eq!(r.code, 200, "{action} {file}: {}", r.body);
@@ -438,14 +449,7 @@ fn slot_restore_refuses_truncated_corrupt_and_wrong_type_files() {
     for (i, (name, bytes)) in cases.iter().enumerate() {
         let file = format!("bad{i}.bin");
         std::fs::write(dir.join(&file), bytes).unwrap();
-        let r = slot_action(&srv, "restore", &file);
-        assert!(
-            srv.alive(),
-            "{name}: llama-server crashed:\n{}",
-            srv.log_tail()
-        );
-        let r = r
-            .unwrap_or_else(|e| panic!("{name}: no answer ({e}); server log:\n{}", srv.log_tail()));
+        let r = restore(&mut srv, name, &file);
         assert_eq!(
             r.code, 400,
             "{name}: expected a refusal, got {}: {}",
@@ -491,14 +495,7 @@ fn slot_restore_refuses_truncated_corrupt_and_wrong_type_files() {
         ("flipped KV bytes", flipped),
     ] {
         std::fs::write(dir.join("payload.bin"), &bytes).unwrap();
-        let r = slot_action(&srv, "restore", "payload.bin");
-        assert!(
-            srv.alive(),
-            "{name}: llama-server crashed:\n{}",
-            srv.log_tail()
-        );
-        let r = r
-            .unwrap_or_else(|e| panic!("{name}: no answer ({e}); server log:\n{}", srv.log_tail()));
+        let r = restore(&mut srv, name, "payload.bin");
         if name.contains("NaN") {
             assert_eq!(
                 r.code, 200,
@@ -631,16 +628,39 @@ fn slot_restore_refuses_a_file_cut_in_the_last_v_rows() {
     let good = std::fs::read(dir.join("good.bin")).unwrap();
     for (name, cut) in [("last byte missing", 1), ("last 100 bytes missing", 100)] {
         std::fs::write(dir.join("cut.bin"), &good[..good.len() - cut]).unwrap();
-        let r = slot_action(&srv, "restore", "cut.bin");
-        assert!(
-            srv.alive(),
-            "{name}: llama-server crashed:\n{}",
-            srv.log_tail()
-        );
-        let r = r
-            .unwrap_or_else(|e| panic!("{name}: no answer ({e}); server log:\n{}", srv.log_tail()));
+        let r = restore(&mut srv, name, "cut.bin");
         assert_eq!(r.code, 400, "{name}: {}", r.body);
     }
     srv.stop();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The server's host-memory prompt cache (`--cache-ram`) keeps a slot's turbo KV state
+/// through llama_state_seq_get_data_ext / set_data_ext: a prompt pushed out of the slot by
+/// another one comes back from host memory (not recomputed) and continues with the same
+/// tokens.
+#[test]
+fn host_prompt_cache_restores_turbo_state_in_memory() {
+    let srv = Server::start(&args(
+        TURBO,
+        &["-c", "2048", "-np", "1", "--cache-ram", "64", "-lv", "4"],
+    ));
+    let a = tokens(&srv, STATE_PROMPT);
+    let b = tokens(
+        &srv,
+        "Quarterly report: revenue grew in every region, costs fell, and the board approved",
+    );
+    let (first, evaluated) = complete(&srv, &a, 16);
+    assert!(evaluated as usize >= a.len() - 1, "{evaluated}");
+    complete(&srv, &b, 16);
+    let (again, evaluated) = complete(&srv, &a, 16);
+    assert_eq!(
+        again, first,
+        "continuation after the host-cache restore differs"
+    );
+    assert!(
+        evaluated < 4,
+        "{evaluated} prompt tokens evaluated: the state did not come from the host cache"
+    );
+    srv.stop();
 }
