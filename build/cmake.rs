@@ -79,6 +79,10 @@ pub fn build(root: &Path, src: &Path, build_dir: &Path) -> Result<(), String> {
         "-DLLAMA_USE_PREBUILT_UI=OFF",
         "-DLLAMA_OPENSSL=OFF",
         "-DTQ_BUILD_TESTS=ON",
+        // ggml's RPC backend (`--rpc HOST:PORT` in every tool) and ggml-rpc-server
+        "-DGGML_RPC=ON",
+        "-DGGML_RPC_RDMA=OFF",
+        "-DTQ_BUILD_RPC_SERVER=ON",
     ]);
     cfg.arg(format!("-DTQ_EXT_DIR={}", ext.display()));
     run(&mut cfg, "cmake configure of llama.cpp")?;
@@ -91,7 +95,7 @@ pub fn build(root: &Path, src: &Path, build_dir: &Path) -> Result<(), String> {
     for (_, imp, _) in TOOLS {
         b.arg(imp);
     }
-    b.arg("tq-ggml-tests");
+    b.arg("tq-ggml-tests").arg("tq-rpc-server-impl");
     run(&mut b, "cmake build of llama.cpp")?;
     Ok(())
 }
@@ -139,13 +143,32 @@ pub fn emit_link_args(build_dir: &Path) -> Result<(), String> {
     {
         println!("cargo:rustc-link-arg-bin=tq={a}");
     }
+    // ggml-rpc-server: upstream's tools/rpc/rpc-server.cpp built as a library whose `main`
+    // is renamed (ggml-ext/cmake/turboquant.cmake), linked with ggml and this crate.
+    let ggml = |l: &str| build_dir.join("ggml/src").join(l);
+    let rpc = [
+        ggml("libtq-rpc-server-impl.a"),
+        ggml("libggml.a"),
+        ggml("ggml-rpc/libggml-rpc.a"),
+        ggml("libggml-cpu.a"),
+        ggml("libggml-base.a"),
+    ];
+    for l in &rpc {
+        if !l.exists() {
+            return Err(format!("expected {} after the cmake build", l.display()));
+        }
+        println!("cargo:rustc-link-arg-bin=ggml-rpc-server={}", l.display());
+    }
+    for a in sys {
+        println!("cargo:rustc-link-arg-bin=ggml-rpc-server={a}");
+    }
     // Tests and benches: our ggml-level test library and ggml itself.
-    let tests = build_dir.join("ggml/src/libtq-ggml-tests.a");
     let libs = [
-        tests,
-        build_dir.join("ggml/src/libggml.a"),
-        build_dir.join("ggml/src/libggml-cpu.a"),
-        build_dir.join("ggml/src/libggml-base.a"),
+        ggml("libtq-ggml-tests.a"),
+        ggml("libggml.a"),
+        ggml("ggml-rpc/libggml-rpc.a"),
+        ggml("libggml-cpu.a"),
+        ggml("libggml-base.a"),
     ];
     for l in &libs {
         if !l.exists() {

@@ -24,3 +24,13 @@ if (TQ_BUILD_TESTS)
     target_link_libraries(tq-ggml-tests PUBLIC ggml)
     target_compile_features(tq-ggml-tests PRIVATE cxx_std_17)
 endif()
+
+# ggml-rpc-server for cargo: upstream's tools/rpc/rpc-server.cpp as a static library whose
+# `main` is renamed, so the thin Rust main (src/bin/ggml_rpc_server.rs) links it with ggml
+# and the codec, like the other tools' *-impl libraries.
+if (TQ_BUILD_RPC_SERVER AND GGML_RPC)
+    add_library(tq-rpc-server-impl STATIC "${CMAKE_SOURCE_DIR}/tools/rpc/rpc-server.cpp")
+    target_compile_definitions(tq-rpc-server-impl PRIVATE main=tq_rpc_server_main)
+    target_link_libraries(tq-rpc-server-impl PUBLIC ggml)
+    target_compile_features(tq-rpc-server-impl PRIVATE cxx_std_17)
+endif()
