@@ -122,13 +122,15 @@ fn link_inputs(build_dir: &Path, dir: &str, exe: &str) -> Result<Vec<String>, St
     Ok(out)
 }
 
+/// System libraries every C++ executable of llama.cpp needs.
+const SYS: [&str; 4] = ["-lstdc++", "-lm", "-ldl", "-lpthread"];
+
 pub fn emit_link_args(build_dir: &Path) -> Result<(), String> {
-    let sys = ["-lstdc++", "-lm", "-ldl", "-lpthread"];
     for (bin, _, dir) in TOOLS {
         for a in link_inputs(build_dir, dir, bin)?
             .iter()
             .map(String::as_str)
-            .chain(sys)
+            .chain(SYS)
         {
             println!("cargo:rustc-link-arg-bin={bin}={a}");
         }
@@ -139,47 +141,40 @@ pub fn emit_link_args(build_dir: &Path) -> Result<(), String> {
         .iter()
         .filter(|a| !a.ends_with("-impl.a"))
         .map(String::as_str)
-        .chain(sys)
+        .chain(SYS)
     {
         println!("cargo:rustc-link-arg-bin=tq={a}");
     }
     // ggml-rpc-server: upstream's tools/rpc/rpc-server.cpp built as a library whose `main`
     // is renamed (ggml-ext/cmake/turboquant.cmake), linked with ggml and this crate.
-    let ggml = |l: &str| build_dir.join("ggml/src").join(l);
-    let rpc = [
-        ggml("libtq-rpc-server-impl.a"),
-        ggml("libggml.a"),
-        ggml("ggml-rpc/libggml-rpc.a"),
-        ggml("libggml-cpu.a"),
-        ggml("libggml-base.a"),
-    ];
-    for l in &rpc {
-        if !l.exists() {
-            return Err(format!("expected {} after the cmake build", l.display()));
-        }
-        println!("cargo:rustc-link-arg-bin=ggml-rpc-server={}", l.display());
-    }
-    for a in sys {
+    for a in ggml_link(build_dir, "libtq-rpc-server-impl.a")? {
         println!("cargo:rustc-link-arg-bin=ggml-rpc-server={a}");
     }
     // Tests and benches: our ggml-level test library and ggml itself.
-    let libs = [
-        ggml("libtq-ggml-tests.a"),
-        ggml("libggml.a"),
-        ggml("ggml-rpc/libggml-rpc.a"),
-        ggml("libggml-cpu.a"),
-        ggml("libggml-base.a"),
-    ];
-    for l in &libs {
-        if !l.exists() {
-            return Err(format!("expected {} after the cmake build", l.display()));
-        }
-        println!("cargo:rustc-link-arg-tests={}", l.display());
-        println!("cargo:rustc-link-arg-benches={}", l.display());
-    }
-    for a in sys {
+    for a in ggml_link(build_dir, "libtq-ggml-tests.a")? {
         println!("cargo:rustc-link-arg-tests={a}");
         println!("cargo:rustc-link-arg-benches={a}");
     }
     Ok(())
+}
+
+/// `first` (an archive of ggml/src) followed by ggml's own archives and the system
+/// libraries, in link order; every archive must exist.
+fn ggml_link(build_dir: &Path, first: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for l in [
+        first,
+        "libggml.a",
+        "ggml-rpc/libggml-rpc.a",
+        "libggml-cpu.a",
+        "libggml-base.a",
+    ] {
+        let p = build_dir.join("ggml/src").join(l);
+        if !p.exists() {
+            return Err(format!("expected {} after the cmake build", p.display()));
+        }
+        out.push(p.display().to_string());
+    }
+    out.extend(SYS.map(String::from));
+    Ok(out)
 }
