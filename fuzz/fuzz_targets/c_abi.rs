@@ -215,7 +215,7 @@ fn vec_dot(t: c_int, null_x: bool, null_y: bool, null_out: bool, n: i64, payload
             // the ggml hook computes the same bits
             let mut h = f32::NAN;
             unsafe {
-                tq_ggml_vec_dot(t)(
+                (hooks(t).vec_dot)(
                     n as c_int,
                     &mut h,
                     0,
@@ -391,29 +391,45 @@ type DotHook =
     unsafe extern "C" fn(c_int, *mut f32, usize, *const c_void, usize, *const c_void, usize, c_int);
 type MadHook = unsafe extern "C" fn(*const c_void, *mut f32, i64, f32);
 
-fn tq_ggml_quantize(t: c_int) -> QuantizeHook {
-    [
-        tq_ggml_quantize_row_turbo2,
-        tq_ggml_quantize_row_turbo3,
-        tq_ggml_quantize_row_turbo4,
-    ][t as usize - 2]
+/// The four ggml hooks of turbo type `t` (2, 3 or 4).
+struct Hooks {
+    quantize: QuantizeHook,
+    dequantize: DequantizeHook,
+    vec_dot: DotHook,
+    mad: MadHook,
 }
-fn tq_ggml_dequantize(t: c_int) -> DequantizeHook {
-    [
-        tq_ggml_dequantize_row_turbo2,
-        tq_ggml_dequantize_row_turbo3,
-        tq_ggml_dequantize_row_turbo4,
-    ][t as usize - 2]
-}
-fn tq_ggml_vec_dot(t: c_int) -> DotHook {
-    [
-        tq_ggml_vec_dot_turbo2_f32,
-        tq_ggml_vec_dot_turbo3_f32,
-        tq_ggml_vec_dot_turbo4_f32,
-    ][t as usize - 2]
-}
-fn tq_ggml_mad(t: c_int) -> MadHook {
-    [tq_ggml_mad_turbo2, tq_ggml_mad_turbo3, tq_ggml_mad_turbo4][t as usize - 2]
+
+fn hooks(t: c_int) -> Hooks {
+    macro_rules! h {
+        ($q:ident, $dq:ident, $dot:ident, $mad:ident) => {
+            Hooks {
+                quantize: $q,
+                dequantize: $dq,
+                vec_dot: $dot,
+                mad: $mad,
+            }
+        };
+    }
+    match t {
+        2 => h!(
+            tq_ggml_quantize_row_turbo2,
+            tq_ggml_dequantize_row_turbo2,
+            tq_ggml_vec_dot_turbo2_f32,
+            tq_ggml_mad_turbo2
+        ),
+        3 => h!(
+            tq_ggml_quantize_row_turbo3,
+            tq_ggml_dequantize_row_turbo3,
+            tq_ggml_vec_dot_turbo3_f32,
+            tq_ggml_mad_turbo3
+        ),
+        _ => h!(
+            tq_ggml_quantize_row_turbo4,
+            tq_ggml_dequantize_row_turbo4,
+            tq_ggml_vec_dot_turbo4_f32,
+            tq_ggml_mad_turbo4
+        ),
+    }
 }
 
 /// The unchecked hooks with k = whole blocks that fit + an arbitrary partial
@@ -431,7 +447,7 @@ fn ggml_hooks(t: c_int, k: i64, payload: &[u8]) {
     let nb = if k <= 0 { 0 } else { (k / 64) as usize };
     let sentinel = 0x5Au8;
     let mut q = vec![sentinel; nb_cap * bb + 1];
-    unsafe { tq_ggml_quantize(t)(x.as_ptr(), q.as_mut_ptr().cast(), k) };
+    unsafe { (hooks(t).quantize)(x.as_ptr(), q.as_mut_ptr().cast(), k) };
     assert!(
         q[nb * bb..].iter().all(|&b| b == sentinel),
         "hook wrote past k"
@@ -445,7 +461,7 @@ fn ggml_hooks(t: c_int, k: i64, payload: &[u8]) {
 
     let mark = f32::from_bits(0x7fc0_4321);
     let mut y = vec![mark; nb_cap * 64 + 1];
-    unsafe { tq_ggml_dequantize(t)(q.as_ptr().cast(), y.as_mut_ptr(), k) };
+    unsafe { (hooks(t).dequantize)(q.as_ptr().cast(), y.as_mut_ptr(), k) };
     assert!(
         y[nb * 64..].iter().all(|v| v.to_bits() == mark.to_bits()),
         "hook wrote past k"
@@ -462,7 +478,7 @@ fn ggml_hooks(t: c_int, k: i64, payload: &[u8]) {
 
     let mut acc = vec![0f32; nb_cap * 64 + 1];
     acc[nb * 64] = mark;
-    unsafe { tq_ggml_mad(t)(q.as_ptr().cast(), acc.as_mut_ptr(), k, -2.0) };
+    unsafe { (hooks(t).mad)(q.as_ptr().cast(), acc.as_mut_ptr(), k, -2.0) };
     assert_eq!(acc[nb * 64].to_bits(), mark.to_bits(), "mad wrote past k");
     assert!(
         acc[nb * 64 + 1..].iter().all(|&v| v == 0.0),
@@ -471,7 +487,7 @@ fn ggml_hooks(t: c_int, k: i64, payload: &[u8]) {
 
     let mut s = f32::NAN;
     let kk = k.clamp(i64::from(c_int::MIN), i64::from(c_int::MAX)) as c_int;
-    unsafe { tq_ggml_vec_dot(t)(kk, &mut s, 0, q.as_ptr().cast(), 0, y.as_ptr().cast(), 0, 1) };
+    unsafe { (hooks(t).vec_dot)(kk, &mut s, 0, q.as_ptr().cast(), 0, y.as_ptr().cast(), 0, 1) };
     if nb == 0 {
         assert_eq!(s, 0.0);
     } else {
