@@ -86,12 +86,18 @@ fn ppl(ctk: &str, ctv: &str, rpc: Option<&str>, env: &[(&str, &str)]) -> f64 {
         .unwrap_or_else(|| panic!("no final estimate in:\n{out}"))
 }
 
-/// f16 and q8_0 caches give bit-identical perplexity through RPC (the same CPU kernels
-/// run on the other side); a turbo4/turbo3 cache on the RPC device runs, stays on it,
-/// and lands within 5 % of the local result (it is not identical yet: see
-/// docs/RELIABILITY.md and the ignored test below).
+/// Every cache type gives bit-identical perplexity through RPC: the same CPU kernels run on
+/// the other side. For turbo caches the local reference runs with `TQ_PREFILL_DECODE=0`:
+/// on a host-memory cache llama's graph decodes turbo K/V to f32 for prompt batches and
+/// uses ggml's tiled flash-attention kernel (ggml-ext/include/tq-ggml.h), a shortcut it
+/// cannot take on a remote buffer, where the per-row kernel reads the turbo blocks directly.
+/// The two kernels agree to rounding (tests/ggml_ops.rs), but a rounding-level difference
+/// in one layer flips a few borderline codebook indices in the next layer's cache, so the
+/// quantization noise is a different draw and PPL moves by the size of that noise (local
+/// with the shortcut 22.0043, without it and through RPC 21.5079). With the same kernel on
+/// both sides the results must be identical, with and without K mean removal.
 #[test]
-fn perplexity_through_rpc_server_with_turbo_cache() {
+fn perplexity_through_rpc_server_is_bit_identical() {
     let mut srv = RpcServer::start();
     let ep = srv.endpoint.clone();
     for t in ["f16", "q8_0"] {
@@ -99,30 +105,12 @@ fn perplexity_through_rpc_server_with_turbo_cache() {
         eprintln!("{t}: local {local}, through RPC {remote}");
         assert_eq!(local, remote, "{t}: PPL through RPC differs");
     }
-    let (local, remote) = (
-        ppl("turbo4", "turbo3", None, &[]),
-        ppl("turbo4", "turbo3", Some(&ep), &[]),
-    );
-    eprintln!("turbo4/turbo3: local {local}, through RPC {remote}");
-    assert!(srv.alive(), "ggml-rpc-server died");
-    assert!(
-        (remote / local - 1.0).abs() < 0.05,
-        "turbo4/turbo3 PPL through RPC {remote} vs local {local}"
-    );
-}
-
-/// The target: turbo caches through RPC match the local run as f16 and q8_0 do.
-/// Measured: K mean on, local 22.0043 vs RPC 21.5079; TQ_K_MEAN=0, 23.0989 vs 23.1272.
-#[test]
-#[ignore = "turbo through RPC differs from local (docs/RELIABILITY.md)"]
-fn perplexity_through_rpc_server_matches_local_with_turbo_cache() {
-    let srv = RpcServer::start();
-    for env in [&[][..], &[("TQ_K_MEAN", "0")][..]] {
-        let local = ppl("turbo4", "turbo3", None, env);
-        let remote = ppl("turbo4", "turbo3", Some(&srv.endpoint), env);
-        assert!(
-            (remote / local - 1.0).abs() < 1e-4,
-            "{env:?}: PPL through RPC {remote} vs local {local}"
-        );
+    for kmean in ["1", "0"] {
+        let env = [("TQ_PREFILL_DECODE", "0"), ("TQ_K_MEAN", kmean)];
+        let local = ppl("turbo4", "turbo3", None, &env);
+        let remote = ppl("turbo4", "turbo3", Some(&ep), &env);
+        eprintln!("turbo4/turbo3 (TQ_K_MEAN={kmean}): local {local}, through RPC {remote}");
+        assert_eq!(local, remote, "turbo4/turbo3 TQ_K_MEAN={kmean}: PPL through RPC differs");
     }
+    assert!(srv.alive(), "ggml-rpc-server died");
 }

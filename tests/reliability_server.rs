@@ -612,13 +612,11 @@ fn context_shift_with_turbo_cache_keeps_generating_past_the_context() {
     );
 }
 
-/// A state file cut inside the last layer's V rows. llama.cpp's buffered `llama_file`
-/// read (src/llama-mmap.cpp, `read_raw_unsafe`, `fd == -1` path) clamps a read to the
-/// bytes left in the file without failing, so the restore "succeeds" with a short read
-/// and `GGML_ASSERT(nread <= state_size)` in `llama_context::state_seq_load_file` aborts
-/// the whole server (an upstream bug; see docs/RELIABILITY.md). Run with `--ignored`.
+/// A state file cut inside the last layer's V rows. Upstream's buffered `llama_file` read
+/// clamps a read to the bytes left in the file without failing, and
+/// `GGML_ASSERT(nread <= state_size)` then aborted the whole server; our patch makes the
+/// state reader refuse a read past the end of the file (llama-context.cpp).
 #[test]
-#[ignore = "aborts llama-server: upstream llama_file short read (docs/RELIABILITY.md)"]
 fn slot_restore_refuses_a_file_cut_in_the_last_v_rows() {
     let dir = slot_dir("cut");
     let mut srv = slot_server(TURBO, &dir);
