@@ -110,7 +110,10 @@ fn perplexity_through_rpc_server_is_bit_identical() {
         let local = ppl("turbo4", "turbo3", None, &env);
         let remote = ppl("turbo4", "turbo3", Some(&ep), &env);
         eprintln!("turbo4/turbo3 (TQ_K_MEAN={kmean}): local {local}, through RPC {remote}");
-        assert_eq!(local, remote, "turbo4/turbo3 TQ_K_MEAN={kmean}: PPL through RPC differs");
+        assert_eq!(
+            local, remote,
+            "turbo4/turbo3 TQ_K_MEAN={kmean}: PPL through RPC differs"
+        );
     }
     assert!(srv.alive(), "ggml-rpc-server died");
 }

