@@ -4,9 +4,7 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-use support::server::free_port;
+use std::process::Command;
 use support::*;
 
 const TURBO: [&str; 3] = ["turbo2", "turbo3", "turbo4"];
@@ -135,43 +133,10 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, String)
 
 #[test]
 fn server_answers_chat_and_parallel_requests_with_turbo_cache() {
-    let port = free_port();
-    let log_path = std::env::temp_dir().join(format!("tq-server-{port}.log"));
-    let mut child = Command::new(bin("llama-server"))
-        .arg("-m")
-        .arg(model())
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "-c",
-            "4096",
-            "-np",
-            "4",
-            "-t",
-            "2",
-        ])
-        .args(["-ctk", "turbo4", "-ctv", "turbo3", "-fa", "on", "-lv", "4"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap()) // a pipe nobody drains could block the server
-        .spawn()
-        .expect("start llama-server");
-    let started = Instant::now();
-    loop {
-        if let Ok((200, _)) = http(port, "GET", "/health", "") {
-            break;
-        }
-        if let Some(st) = child.try_wait().unwrap() {
-            let err = std::fs::read_to_string(&log_path).unwrap_or_default();
-            panic!("llama-server exited early ({st}):\n{err}");
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "llama-server not healthy after 120 s"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let srv = support::server::Server::start(&[
+        "-c", "4096", "-np", "4", "-ctk", "turbo4", "-ctv", "turbo3", "-fa", "on", "-lv", "4",
+    ]);
+    let port = srv.port;
     let chat = move |q: &str| {
         let body = format!(
             r#"{{"messages":[{{"role":"user","content":"{q}"}}],"max_tokens":24,"temperature":0}}"#
@@ -200,39 +165,20 @@ fn server_answers_chat_and_parallel_requests_with_turbo_cache() {
         );
     }
 
-    // clean stop: SIGTERM, then the server must exit by itself
-    unsafe { libc_kill(child.id() as i32, 15) };
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "llama-server did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let err = std::fs::read_to_string(&log_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&log_path);
+    // clean stop: SIGTERM, then the server must exit by itself with status 0
+    let log = srv.stop();
     assert!(
-        status.success(),
-        "llama-server exit {status}:\n{}",
-        &err[err.len().saturating_sub(3000)..]
-    );
-    assert!(
-        err.contains("K (turbo4)") && err.contains("V (turbo3)"),
+        log.contains("K (turbo4)") && log.contains("V (turbo3)"),
         "server log does not show the turbo cache"
     );
     assert!(
-        err.contains("seeded randomized Hadamard"),
+        log.contains("seeded randomized Hadamard"),
         "server log does not show the seeded rotation"
     );
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
+    assert!(
+        log.contains("turbo K mean removal: on"),
+        "server log does not show the K mean policy"
+    );
 }
 
 #[test]
