@@ -38,11 +38,14 @@ fn run(root: &std::path::Path) -> Result<(), String> {
         "ggml-ext/include",
         "ggml-ext/cmake",
         "ggml-ext/tests",
+        "ggml-ext/cuda",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=LLAMA_CPP_DIR");
     println!("cargo:rerun-if-env-changed=TQ_CACHE_DIR");
+    println!("cargo:rerun-if-env-changed=TQ_CUDA_ROOT");
+    println!("cargo:rerun-if-env-changed=TQ_CUDA_ARCHS");
 
     let src = vendor::materialise(root)?;
     let build_dir = cmake::build_dir(root);

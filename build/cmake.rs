@@ -16,8 +16,14 @@ pub const TOOLS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// One build directory per target dir, shared by every profile and feature set:
-/// llama.cpp is always built in Release, and ccache makes rebuilds cheap.
+/// True when the crate is built with `--features cuda`.
+pub fn cuda() -> bool {
+    std::env::var_os("CARGO_FEATURE_CUDA").is_some()
+}
+
+/// One build directory per target dir and backend set, shared by every profile:
+/// llama.cpp is always built in Release, and ccache makes rebuilds cheap. The CUDA build
+/// has its own directory, so switching features never reconfigures the other.
 pub fn build_dir(root: &Path) -> PathBuf {
     if let Some(d) = std::env::var_os("TQ_LLAMA_BUILD_DIR") {
         return PathBuf::from(d);
@@ -30,7 +36,36 @@ pub fn build_dir(root: &Path) -> PathBuf {
     } else {
         root.join(target)
     };
-    target.join("llama.cpp-build")
+    target.join(if cuda() {
+        "llama.cpp-build-cuda"
+    } else {
+        "llama.cpp-build"
+    })
+}
+
+/// cmake arguments of the CUDA build (`--features cuda`): GGML_CUDA with our kernels
+/// (ggml-ext/cuda, hooked in by the patch). TQ_CUDA_ROOT names a toolkit root (for example
+/// the one scripts/cuda-toolkit.sh assembles from PyPI wheels); TQ_CUDA_ARCHS the
+/// architectures (default: `native` when a GPU is visible, else 90, the H100/H200).
+fn cuda_args() -> Vec<String> {
+    // upstream's flash-attention pairs stay its default; ours come from turboquant-cuda.cmake
+    let mut a = vec!["-DGGML_CUDA=ON".to_string()];
+    let archs = std::env::var("TQ_CUDA_ARCHS").unwrap_or_else(|_| {
+        let gpu = Command::new("nvidia-smi")
+            .arg("-L")
+            .output()
+            .map(|o| o.status.success() && !o.stdout.is_empty())
+            .unwrap_or(false);
+        if gpu { "native" } else { "90" }.to_string()
+    });
+    println!("cargo:warning=turboquant: CUDA build for architectures {archs} (TQ_CUDA_ARCHS)");
+    a.push(format!("-DCMAKE_CUDA_ARCHITECTURES={archs}"));
+    if let Some(r) = std::env::var_os("TQ_CUDA_ROOT") {
+        let r = PathBuf::from(r);
+        a.push(format!("-DCUDAToolkit_ROOT={}", r.display()));
+        a.push(format!("-DCMAKE_CUDA_COMPILER={}", r.join("bin/nvcc").display()));
+    }
+    a
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
@@ -85,6 +120,9 @@ pub fn build(root: &Path, src: &Path, build_dir: &Path) -> Result<(), String> {
         "-DTQ_BUILD_RPC_SERVER=ON",
     ]);
     cfg.arg(format!("-DTQ_EXT_DIR={}", ext.display()));
+    if cuda() {
+        cfg.args(cuda_args());
+    }
     run(&mut cfg, "cmake configure of llama.cpp")?;
 
     let jobs = std::env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
@@ -109,13 +147,20 @@ fn link_inputs(build_dir: &Path, dir: &str, exe: &str) -> Result<Vec<String>, St
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut out = Vec::new();
     for tok in text.split_whitespace().skip(1) {
-        if tok.ends_with(".a") {
+        let shared = tok.ends_with(".so") || tok.contains(".so.");
+        if tok.ends_with(".a") || shared {
             let p = base.join(tok);
             let p = p
                 .canonicalize()
                 .map_err(|e| format!("{} (from {}): {e}", p.display(), path.display()))?;
+            if shared {
+                // CUDA runtime, cuBLAS, driver: found at run time where they were at link time
+                if let Some(dir) = Path::new(tok).parent().filter(|d| d.is_absolute()) {
+                    out.push(format!("-Wl,-rpath,{}", dir.display()));
+                }
+            }
             out.push(p.display().to_string());
-        } else if tok.starts_with("-l") || tok == "-pthread" || tok == "-fopenmp" {
+        } else if tok.starts_with("-l") || tok.starts_with("-L") || tok == "-pthread" || tok == "-fopenmp" {
             out.push(tok.to_string());
         }
     }
@@ -158,23 +203,19 @@ pub fn emit_link_args(build_dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// `first` (an archive of ggml/src) followed by ggml's own archives and the system
-/// libraries, in link order; every archive must exist.
+/// `first` (an archive of ggml/src) followed by what a llama.cpp tool links (ggml, its
+/// backends, CUDA's libraries when built with them), in link order; the archive must exist.
 fn ggml_link(build_dir: &Path, first: &str) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    for l in [
-        first,
-        "libggml.a",
-        "ggml-rpc/libggml-rpc.a",
-        "libggml-cpu.a",
-        "libggml-base.a",
-    ] {
-        let p = build_dir.join("ggml/src").join(l);
-        if !p.exists() {
-            return Err(format!("expected {} after the cmake build", p.display()));
-        }
-        out.push(p.display().to_string());
+    let p = build_dir.join("ggml/src").join(first);
+    if !p.exists() {
+        return Err(format!("expected {} after the cmake build", p.display()));
     }
+    let mut out = vec![p.display().to_string()];
+    out.extend(
+        link_inputs(build_dir, "tools/perplexity", "llama-perplexity")?
+            .into_iter()
+            .filter(|a| !a.ends_with("-impl.a")),
+    );
     out.extend(SYS.map(String::from));
     Ok(out)
 }

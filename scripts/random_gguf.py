@@ -23,6 +23,7 @@ def main():
     ap.add_argument("--n-head", type=int, default=4)
     ap.add_argument("--n-head-kv", type=int, default=2)
     ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-ff", type=int, default=0, help="feed-forward size (default 4 x n_embd)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
@@ -30,7 +31,7 @@ def main():
     src = gguf.GGUFReader(a.tokenizer_from)
     w = gguf.GGUFWriter(a.out, "llama")
     n_embd = a.head * a.n_head
-    n_ff = 4 * n_embd
+    n_ff = a.n_ff or 4 * n_embd
     vocab = None
     for name, f in src.fields.items():
         if not name.startswith("tokenizer."):

@@ -1,0 +1,77 @@
+// tq-cuda-ggml.cuh - what ggml-cuda's dispatch tables need to know about the turbo types.
+//
+// The patch adds one include of this header to each hooked upstream file and expands one
+// macro per table; the kernels are ggml's own generic templates (one thread per 64-value
+// block for encoding, two values per thread for decoding) instantiated with our codec, so
+// strides, views and index types behave exactly as for q4_0/q8_0.
+#pragma once
+
+#include "tq-ggml.h"
+#include "tq-cuda.cuh"
+
+static __device__ __forceinline__ void tq_cuda_dequantize_turbo2(const void * vx, const int64_t ib, const int iqs, float2 & v) {
+    tq_cuda_dequantize<2>(vx, ib, iqs, v);
+}
+static __device__ __forceinline__ void tq_cuda_dequantize_turbo3(const void * vx, const int64_t ib, const int iqs, float2 & v) {
+    tq_cuda_dequantize<3>(vx, ib, iqs, v);
+}
+static __device__ __forceinline__ void tq_cuda_dequantize_turbo4(const void * vx, const int64_t ib, const int iqs, float2 & v) {
+    tq_cuda_dequantize<4>(vx, ib, iqs, v);
+}
+
+static __device__ void tq_cuda_quantize_turbo2(const float * x, tq_block_turbo2 * y) { tq_cuda_quantize_block<2>(x, y); }
+static __device__ void tq_cuda_quantize_turbo3(const float * x, tq_block_turbo3 * y) { tq_cuda_quantize_block<3>(x, y); }
+static __device__ void tq_cuda_quantize_turbo4(const float * x, tq_block_turbo4 * y) { tq_cuda_quantize_block<4>(x, y); }
+
+// convert.cu: `case`s for the six to_fp16/fp32/bf16 getters. TEMPLATE is the getter's
+// generic block template (dequantize_block_cont_cuda or dequantize_block_cuda).
+#define TQ_CUDA_CONVERT_CASES(TEMPLATE)                                                         \
+    case GGML_TYPE_TURBO2: return TEMPLATE<TQ_BLOCK_VALUES, 2, tq_cuda_dequantize_turbo2>;      \
+    case GGML_TYPE_TURBO3: return TEMPLATE<TQ_BLOCK_VALUES, 2, tq_cuda_dequantize_turbo3>;      \
+    case GGML_TYPE_TURBO4: return TEMPLATE<TQ_BLOCK_VALUES, 2, tq_cuda_dequantize_turbo4>;
+
+// getrows.cu: `case`s for ggml_cuda_get_rows_switch_src0_type.
+#define TQ_CUDA_GET_ROWS_CASE(T)                                                                \
+    case GGML_TYPE_TURBO##T:                                                                    \
+        get_rows_cuda_q<TQ_BLOCK_VALUES, 2, tq_cuda_dequantize_turbo##T>(src0_d, src1_d, dst_d, \
+            ne00, nb01, nb02, nb03, ne10, ne11, ne12, nb10, nb11, nb12, nb1, nb2, nb3, stream); \
+        break;
+#define TQ_CUDA_GET_ROWS_CASES TQ_CUDA_GET_ROWS_CASE(2) TQ_CUDA_GET_ROWS_CASE(3) TQ_CUDA_GET_ROWS_CASE(4)
+
+// set-rows.cu: `else if` arms of set_rows_cuda<src_t, idx_t> (f32 source).
+#define TQ_CUDA_SET_ROWS_ARM(T)                                                                 \
+    else if (dst->type == GGML_TYPE_TURBO##T) {                                                 \
+        set_rows_cuda_quant<idx_t, tq_block_turbo##T, TQ_BLOCK_VALUES, tq_cuda_quantize_turbo##T>( \
+            src0_d, src1_d, (tq_block_turbo##T *) dst->data,                                    \
+            ne00, ne01, ne02, ne03, ne10, ne11, ne12, ne13,                                     \
+            nb01, nb02, nb03, nb10, nb11, nb12, nb1, nb2, nb3, stream);                         \
+    }
+#define TQ_CUDA_SET_ROWS_ARMS TQ_CUDA_SET_ROWS_ARM(2) TQ_CUDA_SET_ROWS_ARM(3) TQ_CUDA_SET_ROWS_ARM(4)
+
+// cpy.cu: f32 -> turbo and turbo -> f32, through cpy.cu's generic block-copy kernels.
+static __device__ void tq_cpy_blck_f32_turbo2(const char * cxi, char * cdsti) { tq_cuda_quantize_turbo2((const float *) cxi, (tq_block_turbo2 *) cdsti); }
+static __device__ void tq_cpy_blck_f32_turbo3(const char * cxi, char * cdsti) { tq_cuda_quantize_turbo3((const float *) cxi, (tq_block_turbo3 *) cdsti); }
+static __device__ void tq_cpy_blck_f32_turbo4(const char * cxi, char * cdsti) { tq_cuda_quantize_turbo4((const float *) cxi, (tq_block_turbo4 *) cdsti); }
+
+#define TQ_CUDA_CPY_ARM(T)                                                                      \
+    else if (src0->type == GGML_TYPE_F32 && src1->type == GGML_TYPE_TURBO##T) {                 \
+        GGML_ASSERT(ne % TQ_BLOCK_VALUES == 0);                                                 \
+        const int64_t nblk = (ne/TQ_BLOCK_VALUES + CUDA_CPY_BLOCK_SIZE - 1) / CUDA_CPY_BLOCK_SIZE; \
+        GGML_ASSERT(nblk <= INT_MAX);                                                           \
+        cpy_f32_q<tq_cpy_blck_f32_turbo##T, TQ_BLOCK_VALUES><<<nblk, CUDA_CPY_BLOCK_SIZE, 0, main_stream>>>( \
+            src0_ddc, src1_ddc, ne, ne00, ne01, ne02, nb00, nb01, nb02, nb03, ne10, ne11, ne12, nb10, nb11, nb12, nb13); \
+    } else if (src0->type == GGML_TYPE_TURBO##T && src1->type == GGML_TYPE_F32) {               \
+        const int64_t nblk = (ne/TQ_BLOCK_VALUES + CUDA_CPY_BLOCK_SIZE - 1) / CUDA_CPY_BLOCK_SIZE; \
+        GGML_ASSERT(nblk <= INT_MAX);                                                           \
+        cpy_q_f32<cpy_blck_q_f32<tq_cuda_dequantize_turbo##T, TQ_BLOCK_VALUES>, TQ_BLOCK_VALUES><<<nblk, CUDA_CPY_BLOCK_SIZE, 0, main_stream>>>( \
+            src0_ddc, src1_ddc, ne, ne00, ne01, ne02, nb00, nb01, nb02, nb03, ne10, ne11, ne12, nb10, nb11, nb12, nb13); \
+    }
+#define TQ_CUDA_CPY_ARMS TQ_CUDA_CPY_ARM(2) TQ_CUDA_CPY_ARM(3) TQ_CUDA_CPY_ARM(4)
+
+// ggml-cuda.cu supports_op: exactly the cases above.
+#define TQ_CUDA_SET_ROWS_SUPPORTED(op)                                                          \
+    (TQ_GGML_IS_TURBO((op)->type) && (op)->src[0]->type == GGML_TYPE_F32 &&                     \
+     ((op)->src[1]->type == GGML_TYPE_I64 || (op)->src[1]->type == GGML_TYPE_I32))
+#define TQ_CUDA_CPY_SUPPORTED(src0_type, src1_type)                                             \
+    ((TQ_GGML_IS_TURBO(src1_type) && (src0_type) == GGML_TYPE_F32) ||                           \
+     (TQ_GGML_IS_TURBO(src0_type) && (src1_type) == GGML_TYPE_F32))

@@ -1,0 +1,210 @@
+// tq-cuda.cuh - the turbo codec on the GPU: the bit-exact CUDA port of the Rust encoder and
+// decoder (src/kernels/scalar.rs, rules in turboquant.h). Self-contained (CUDA headers and
+// our C headers only), so the parity test can use it without ggml.
+//
+// Bit-exactness under ggml's `-use_fast_math` (which contracts a*b+c into FMA, flushes f32
+// subnormals and relaxes f32 division and square root): every step of the encoder that
+// decides bytes is written with explicitly rounded double intrinsics (__dmul_rn, __dadd_rn,
+// __ddiv_rn, __dsqrt_rn), which the compiler never fuses or relaxes, and the f32 -> f64
+// widening of a subnormal input is done by hand so no flush can touch it. The decoder is one
+// f32 multiply (__fmul_rn) of two normal numbers.
+//
+// The codec functions are __host__ __device__: compiled for the host (with
+// -ffp-contract=off), the same source runs on a machine without a GPU, which is how CI checks
+// it against the Rust codec (ggml-ext/cuda/tq-parity.cu --host). The TQ_* shims below map each
+// exactly rounded operation to its intrinsic on the device and to plain IEEE arithmetic on the
+// host.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "turboquant.h"
+
+#ifdef TURBOQUANT_TABLES_H
+#error "include tq-cuda.cuh before turboquant_tables.h: it places one copy of the tables on each side"
+#endif
+// The generated tables, once for the host (namespace tq_host) and once in device memory.
+namespace tq_host {
+#define TQ_TABLE_ATTR
+#include "turboquant_tables.h"
+#undef TQ_TABLE_ATTR
+}
+#undef TURBOQUANT_TABLES_H
+#define TQ_TABLE_ATTR __device__
+#include "turboquant_tables.h"
+
+#define TQ_HD __host__ __device__ __forceinline__
+
+#ifdef __CUDA_ARCH__
+#define TQ_TABLE(name) (name)
+static __device__ __forceinline__ double   tq_dmul(double a, double b) { return __dmul_rn(a, b); }
+static __device__ __forceinline__ double   tq_dadd(double a, double b) { return __dadd_rn(a, b); }
+static __device__ __forceinline__ double   tq_ddiv(double a, double b) { return __ddiv_rn(a, b); }
+static __device__ __forceinline__ double   tq_dsqrt(double a)          { return __dsqrt_rn(a); }
+static __device__ __forceinline__ float    tq_fmul(float a, float b)   { return __fmul_rn(a, b); }
+static __device__ __forceinline__ float    tq_d2f(double a)            { return __double2float_rn(a); }
+static __device__ __forceinline__ uint32_t tq_f2u(float a)             { return __float_as_uint(a); }
+#else
+#define TQ_TABLE(name) (tq_host::name)
+static inline double   tq_dmul(double a, double b) { return a * b; }
+static inline double   tq_dadd(double a, double b) { return a + b; }
+static inline double   tq_ddiv(double a, double b) { return a / b; }
+static inline double   tq_dsqrt(double a)          { return sqrt(a); }
+static inline float    tq_fmul(float a, float b)   { return a * b; }
+static inline float    tq_d2f(double a)            { return (float) a; }
+static inline uint32_t tq_f2u(float a)             { uint32_t u; memcpy(&u, &a, sizeof(u)); return u; }
+#endif
+
+template <int bits> struct tq_cuda_type;
+template <> struct tq_cuda_type<2> { typedef tq_block_turbo2 block; };
+template <> struct tq_cuda_type<3> { typedef tq_block_turbo3 block; };
+template <> struct tq_cuda_type<4> { typedef tq_block_turbo4 block; };
+
+template <int bits> static TQ_HD const float * tq_cuda_codebook() {
+    if constexpr (bits == 2) { return TQ_TABLE(TQ_CODEBOOK_2BIT); }
+    else if constexpr (bits == 3) { return TQ_TABLE(TQ_CODEBOOK_3BIT); }
+    else { static_assert(bits == 4, "turbo2..4"); return TQ_TABLE(TQ_CODEBOOK_4BIT); }
+}
+
+template <int bits> static TQ_HD const float * tq_cuda_thresholds() {
+    if constexpr (bits == 2) { return TQ_TABLE(TQ_THRESHOLDS_2BIT); }
+    else if constexpr (bits == 3) { return TQ_TABLE(TQ_THRESHOLDS_3BIT); }
+    else { static_assert(bits == 4, "turbo2..4"); return TQ_TABLE(TQ_THRESHOLDS_4BIT); }
+}
+
+// The stored fp16 scale as the decoder reads it (decode_scale in src/block.rs): NaN, infinite
+// or negative non-zero (never written by the encoder) decodes as 0, so a corrupt block can
+// never produce NaN; -0 stays -0, as on the CPU.
+static TQ_HD float tq_cuda_scale(const uint16_t bits) {
+    return ((bits & 0x7c00u) == 0x7c00u || bits > 0x8000u) ? 0.0f : __half2float(__ushort_as_half(bits));
+}
+
+// Index of value j (0..63) of a block, from its packed bytes qs (layouts in turboquant.h).
+template <int bits> static TQ_HD int tq_cuda_index(const uint8_t * qs, const int j) {
+    if constexpr (bits == 4) {
+        return (qs[j & 31] >> (4*(j >> 5))) & 15;
+    } else {
+        const int lo = (qs[j & 15] >> (2*(j >> 4))) & 3;
+        if constexpr (bits == 2) {
+            return lo;
+        } else {
+            return lo | (((qs[16 + (j >> 3)] >> (j & 7)) & 1) << 2);
+        }
+    }
+}
+
+// Indices of the n (4 or 8) consecutive values j0 .. j0+n-1 (j0 a multiple of n), 4 bits
+// each, value j0+i in bits 4i..4i+3. Reads whole 16-bit words: blocks are 2-byte aligned.
+template <int bits, int n> static TQ_HD uint32_t tq_cuda_indices(const uint8_t * qs, const int j0) {
+    static_assert(n == 4 || n == 8, "4 or 8 values");
+    constexpr int span = bits == 4 ? 32 : 16;          // values whose low bits share a byte row
+    constexpr int step = bits == 4 ? 4  : 2;           // bit shift between those rows
+    constexpr uint32_t mask = bits == 4 ? 15u : 3u;
+    const uint16_t * w = (const uint16_t *) (qs + (j0 % span));
+    const int shift = step*(j0 / span);
+    uint32_t out = 0;
+#pragma unroll
+    for (int k = 0; k < n/2; ++k) {
+        const uint32_t two = w[k];
+        out |= ((two        >> shift) & mask) << (8*k);
+        out |= ((two >> 8   >> shift) & mask) << (8*k + 4);
+    }
+    if constexpr (bits == 3) {
+        const uint32_t hi = qs[16 + j0/8] >> (j0 % 8);
+#pragma unroll
+        for (int i = 0; i < n; ++i) {
+            out |= ((hi >> i) & 1u) << (4*i + 2);
+        }
+    }
+    return out;
+}
+
+// ggml's dequantize_kernel_t convention with qk = 64, qr = 2: values iqs and iqs + 32.
+template <int bits>
+static TQ_HD void tq_cuda_dequantize(const void * vx, const int64_t ib, const int iqs, float2 & v) {
+    const typename tq_cuda_type<bits>::block * x = (const typename tq_cuda_type<bits>::block *) vx + ib;
+    const float * cb = tq_cuda_codebook<bits>();
+    const float d = tq_cuda_scale(x->d);
+    v.x = tq_fmul(d, cb[tq_cuda_index<bits>(x->qs, iqs)]);
+    v.y = tq_fmul(d, cb[tq_cuda_index<bits>(x->qs, iqs + TQ_BLOCK_VALUES/2)]);
+}
+
+// Sanitize (NaN -> 0, +-Inf -> +-65504) and widen to double exactly, subnormals included.
+static TQ_HD double tq_cuda_widen(const float v) {
+    const uint32_t b = tq_f2u(v);
+    const uint32_t e = b & 0x7f800000u;
+    if (e == 0x7f800000u) {
+        if (b & 0x007fffffu) {
+            return 0.0;
+        }
+        return (b & 0x80000000u) ? -65504.0 : 65504.0;
+    }
+    if (e == 0) {
+        const double r = tq_dmul((double) (int) (b & 0x007fffffu), 0x1p-149);
+        return (b & 0x80000000u) ? -r : r;
+    }
+    return (double) v;
+}
+
+// Encodes one block of 64 values: the rule of turboquant.h, step for step, in one thread.
+template <int bits>
+static __host__ __device__ void tq_cuda_quantize_block(const float * __restrict__ x, typename tq_cuda_type<bits>::block * __restrict__ y) {
+    constexpr int levels = 1 << bits;
+    constexpr int nqs = (int) sizeof(y->qs);
+    const float * cb  = tq_cuda_codebook<bits>();
+    const float * thr = tq_cuda_thresholds<bits>();
+
+    double ss = 0.0;
+#pragma unroll 8
+    for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+        const double v = tq_cuda_widen(x[j]);
+        ss = tq_dadd(ss, tq_dmul(v, v));
+    }
+    const double n = tq_dsqrt(ss);
+
+    uint8_t q[nqs];
+#pragma unroll
+    for (int i = 0; i < nqs; ++i) {
+        q[i] = 0;
+    }
+    uint16_t d = 0;
+    const bool empty = n == 0.0 || !isfinite(n);
+    double cs = 0.0;
+#pragma unroll
+    for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+        int k = levels/2;
+        if (!empty) {
+            const double u = tq_ddiv(tq_cuda_widen(x[j]), n);
+            k = 0;
+#pragma unroll
+            for (int t = 0; t < levels - 1; ++t) {
+                k += u > (double) thr[t];
+            }
+            const double c = (double) cb[k];
+            cs = tq_dadd(cs, tq_dmul(c, c));
+        }
+        if constexpr (bits == 4) {
+            q[j & 31] |= k << (4*(j >> 5));
+        } else {
+            q[j & 15] |= (k & 3) << (2*(j >> 4));
+            if constexpr (bits == 3) {
+                q[16 + (j >> 3)] |= (k >> 2) << (j & 7);
+            }
+        }
+    }
+    if (!empty) {
+        const float r = tq_d2f(tq_ddiv(n, tq_dsqrt(cs)));
+        d = __half_as_ushort(__float2half_rn(r));
+        if ((d & 0x7fffu) == 0x7c00u) {
+            d = 0x7bffu; // overflow to infinity: the largest finite fp16
+        }
+    }
+    y->d = d;
+#pragma unroll
+    for (int i = 0; i < nqs; ++i) {
+        y->qs[i] = q[i];
+    }
+}

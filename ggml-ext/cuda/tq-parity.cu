@@ -1,0 +1,244 @@
+// tq-parity.cu - the CUDA codec against the Rust codec, byte for byte.
+//
+// Encodes shared test vectors with the Rust encoder (tq_quantize, libturboquant.a) and with
+// the CUDA port (tq-cuda.cuh, one thread per block as in SET_ROWS), and compares the bytes;
+// then decodes the same blocks (plus blocks with corrupt scales) on both sides and compares
+// the f32 bits. Exit status 0 only if everything is identical.
+//
+//   nvcc -std=c++17 -arch=sm_90 -use_fast_math -Xcompiler -ffp-contract=off \
+//        -I ggml-ext/include -I ggml-ext/cuda ggml-ext/cuda/tq-parity.cu \
+//        target/release/libturboquant.a -lpthread -ldl -lm -o tq-parity
+//   tq-parity           # on the GPU (and on the host too)
+//   tq-parity --host    # the same source compiled for the host only: runs without a GPU (CI)
+//
+// Built with ggml's own `-use_fast_math` on purpose: the encoder must stay exact under it.
+#include "tq-cuda.cuh"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#define CHECK(call)                                                                      \
+    do {                                                                                 \
+        cudaError_t err_ = (call);                                                       \
+        if (err_ != cudaSuccess) {                                                       \
+            fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, __LINE__); \
+            return 2;                                                                    \
+        }                                                                                \
+    } while (0)
+
+template <int bits>
+__global__ void quantize_kernel(const float * x, char * out, int64_t nblocks) {
+    typedef typename tq_cuda_type<bits>::block block;
+    const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < nblocks) {
+        tq_cuda_quantize_block<bits>(x + i * TQ_BLOCK_VALUES, (block *) out + i);
+    }
+}
+
+template <int bits>
+__global__ void dequantize_kernel(const char * in, float * y, int64_t nblocks) {
+    const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x; // one pair per thread
+    if (i < nblocks * TQ_BLOCK_VALUES / 2) {
+        const int64_t ib = i / (TQ_BLOCK_VALUES / 2);
+        const int iqs = (int) (i % (TQ_BLOCK_VALUES / 2));
+        float2 v;
+        tq_cuda_dequantize<bits>(in, ib, iqs, v);
+        y[ib * TQ_BLOCK_VALUES + iqs] = v.x;
+        y[ib * TQ_BLOCK_VALUES + iqs + TQ_BLOCK_VALUES / 2] = v.y;
+    }
+}
+
+// Test vectors: Gaussian blocks at scales from 1e-30 to 1e30, heavy tails, sparse blocks,
+// and every special value the encoder has a rule for.
+static std::vector<float> make_vectors() {
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    auto next = [&]() { s ^= s << 13; s ^= s >> 7; s ^= s << 17; return s; };
+    auto unif = [&]() { return ((next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); };
+    auto gauss = [&]() { return (float) (sqrt(-2.0 * log(unif())) * cos(6.283185307179586 * unif())); };
+
+    std::vector<float> v;
+    const float scales[] = {1e-30f, 1e-6f, 1e-3f, 0.02f, 1.0f, 7.5f, 300.0f, 6e4f, 1e30f};
+    for (float sc : scales) {
+        for (int b = 0; b < 400; ++b) {
+            for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+                v.push_back(sc * gauss());
+            }
+        }
+    }
+    for (int b = 0; b < 400; ++b) { // heavy tails and per-channel offsets, like real keys
+        for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+            const float g = gauss();
+            v.push_back(g * g * g + (j % 7 == 0 ? 5.0f : 0.0f));
+        }
+    }
+    for (int b = 0; b < 200; ++b) { // sparse: one to three nonzero values
+        for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+            v.push_back((j == b % 64 || j == (b * 7) % 64 || (b % 3 == 0 && j == 5)) ? gauss() : 0.0f);
+        }
+    }
+    const float nan = std::nanf(""), inf = INFINITY;
+    const float specials[][4] = {
+        {0.0f, 0.0f, 0.0f, 0.0f}, {-0.0f, 0.0f, -0.0f, 0.0f}, {nan, nan, nan, nan},
+        {inf, 1.0f, -1.0f, 0.5f}, {-inf, inf, 0.0f, 2.0f}, {nan, 1.0f, inf, -3.0f},
+        {1e-45f, -1e-45f, 1e-40f, 3e-39f}, {1e-40f, 0.0f, 0.0f, 0.0f}, {65504.0f, -65504.0f, 1.0f, 0.0f},
+        {3.4e38f, -3.4e38f, 3.4e38f, 1.0f}, {1.0f, 1.0f, 1.0f, 1.0f},
+    };
+    for (const auto & sp : specials) {
+        for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+            v.push_back(sp[j % 4] * (j < 32 ? 1.0f : (j % 2 ? -1.0f : 1.0f)));
+        }
+    }
+    return v;
+}
+
+// The same codec functions run on the host: encode into out, decode into y.
+template <int bits>
+static void host_quantize(const std::vector<float> & x, char * out) {
+    typedef typename tq_cuda_type<bits>::block block;
+    for (size_t b = 0; b < x.size() / TQ_BLOCK_VALUES; ++b) {
+        tq_cuda_quantize_block<bits>(x.data() + b * TQ_BLOCK_VALUES, (block *) out + b);
+    }
+}
+template <int bits>
+static void host_dequantize(const char * in, float * y, int64_t nblocks) {
+    for (int64_t ib = 0; ib < nblocks; ++ib) {
+        for (int iqs = 0; iqs < TQ_BLOCK_VALUES / 2; ++iqs) {
+            float2 v;
+            tq_cuda_dequantize<bits>(in, ib, iqs, v);
+            y[ib * TQ_BLOCK_VALUES + iqs] = v.x;
+            y[ib * TQ_BLOCK_VALUES + iqs + TQ_BLOCK_VALUES / 2] = v.y;
+        }
+    }
+}
+
+template <int bits>
+static int check_type(const std::vector<float> & x, bool device, int & failures) {
+    typedef typename tq_cuda_type<bits>::block block;
+    const int64_t n = (int64_t) x.size();
+    const int64_t nb = n / TQ_BLOCK_VALUES;
+    const size_t bytes = nb * sizeof(block);
+
+    std::vector<char> cpu(bytes), gpu(bytes);
+    if (tq_quantize(bits, x.data(), cpu.data(), n) != TQ_OK) {
+        fprintf(stderr, "tq_quantize failed\n");
+        return 2;
+    }
+
+    if (device) {
+        float * dx; char * dq;
+        CHECK(cudaMalloc(&dx, n * sizeof(float)));
+        CHECK(cudaMalloc(&dq, bytes));
+        CHECK(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        quantize_kernel<bits><<<(nb + 127) / 128, 128>>>(dx, dq, nb);
+        CHECK(cudaGetLastError());
+        CHECK(cudaMemcpy(gpu.data(), dq, bytes, cudaMemcpyDeviceToHost));
+        cudaFree(dx); cudaFree(dq);
+    } else {
+        host_quantize<bits>(x, gpu.data());
+    }
+
+    int64_t bad_blocks = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+        if (memcmp(cpu.data() + b * sizeof(block), gpu.data() + b * sizeof(block), sizeof(block)) != 0) {
+            if (bad_blocks < 5) {
+                fprintf(stderr, "%s turbo%d: block %lld differs (first value %g)\n", device ? "device" : "host", bits, (long long) b, x[b * TQ_BLOCK_VALUES]);
+            }
+            ++bad_blocks;
+        }
+    }
+
+    // Decode: the encoded blocks, then the same blocks with corrupt scales (NaN, +-Inf,
+    // negative, negative zero), which both decoders must read as 0.
+    std::vector<char> enc = cpu;
+    const uint16_t corrupt[] = {0x7e00, 0x7c00, 0xfc00, 0xbc00, 0x8000, 0x8001};
+    for (uint16_t c : corrupt) {
+        for (int64_t b = 0; b < 64 && b < nb; ++b) {
+            block blk;
+            memcpy(&blk, cpu.data() + b * sizeof(block), sizeof(block));
+            blk.d = c;
+            enc.insert(enc.end(), (const char *) &blk, (const char *) &blk + sizeof(block));
+        }
+    }
+    const int64_t nb2 = (int64_t) (enc.size() / sizeof(block));
+    const int64_t n2 = nb2 * TQ_BLOCK_VALUES;
+    std::vector<float> ycpu(n2), ygpu(n2);
+    if (tq_dequantize(bits, enc.data(), ycpu.data(), n2) != TQ_OK) {
+        fprintf(stderr, "tq_dequantize failed\n");
+        return 2;
+    }
+    if (device) {
+        char * de; float * dy2;
+        CHECK(cudaMalloc(&de, enc.size()));
+        CHECK(cudaMalloc(&dy2, n2 * sizeof(float)));
+        CHECK(cudaMemcpy(de, enc.data(), enc.size(), cudaMemcpyHostToDevice));
+        dequantize_kernel<bits><<<(n2 / 2 + 255) / 256, 256>>>(de, dy2, nb2);
+        CHECK(cudaGetLastError());
+        CHECK(cudaMemcpy(ygpu.data(), dy2, n2 * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaFree(de); cudaFree(dy2);
+    } else {
+        host_dequantize<bits>(enc.data(), ygpu.data(), nb2);
+    }
+    int64_t bad_values = 0;
+    for (int64_t i = 0; i < n2; ++i) {
+        if (memcmp(&ycpu[i], &ygpu[i], sizeof(float)) != 0) {
+            if (bad_values < 5) {
+                fprintf(stderr, "%s turbo%d: decoded value %lld: rust %a cuda %a\n", device ? "device" : "host", bits, (long long) i, ycpu[i], ygpu[i]);
+            }
+            ++bad_values;
+        }
+    }
+    // The flash-attention kernels unpack 4 or 8 indices at a time (tq_cuda_indices): they must
+    // agree with the one-at-a-time unpacking the decoder above was just checked with.
+    int64_t bad_unpack = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+        const block * blk = (const block *) cpu.data() + b;
+        for (int j0 = 0; j0 < TQ_BLOCK_VALUES; j0 += 4) {
+            const uint32_t four = tq_cuda_indices<bits, 4>(blk->qs, j0);
+            const uint32_t eight = j0 % 8 == 0 ? tq_cuda_indices<bits, 8>(blk->qs, j0) : 0;
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t want = tq_cuda_index<bits>(blk->qs, j0 + i);
+                bad_unpack += ((four >> (4 * i)) & 15) != want;
+            }
+            for (int i = 0; j0 % 8 == 0 && i < 8; ++i) {
+                bad_unpack += ((eight >> (4 * i)) & 15) != (uint32_t) tq_cuda_index<bits>(blk->qs, j0 + i);
+            }
+        }
+    }
+    if (bad_unpack) {
+        fprintf(stderr, "turbo%d: %lld indices unpacked 4/8 at a time differ\n", bits, (long long) bad_unpack);
+    }
+    failures += bad_unpack != 0;
+
+    printf("%s turbo%d: %lld blocks encoded, %lld differ; %lld values decoded, %lld differ\n",
+           device ? "device" : "host  ", bits, (long long) nb, (long long) bad_blocks, (long long) n2, (long long) bad_values);
+    failures += bad_blocks != 0 || bad_values != 0;
+    return 0;
+}
+
+int main(int argc, char ** argv) {
+    const bool host_only = argc > 1 && strcmp(argv[1], "--host") == 0;
+    int ndev = 0;
+    if (!host_only && (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)) {
+        fprintf(stderr, "tq-parity: no CUDA device (pass --host to check the host build alone)\n");
+        return 2;
+    }
+    const std::vector<float> x = make_vectors();
+    int failures = 0;
+    for (bool device : {false, true}) {
+        if (device && host_only) {
+            break;
+        }
+        int rc = check_type<2>(x, device, failures);
+        rc = rc ? rc : check_type<3>(x, device, failures);
+        rc = rc ? rc : check_type<4>(x, device, failures);
+        if (rc) {
+            return rc;
+        }
+    }
+    printf("%s\n", failures ? "PARITY FAILED" : host_only
+        ? "parity: the CUDA codec source, built for the host, is bit-identical to the Rust codec"
+        : "parity: the CUDA codec (host and device builds) is bit-identical to the Rust codec");
+    return failures ? 1 : 0;
+}

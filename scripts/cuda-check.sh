@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Compile-only check of our CUDA code on a machine without a GPU (CI runs it every time):
+#  1. a CUDA 13 toolkit from PyPI wheels (scripts/cuda-toolkit.sh, cached);
+#  2. the patched llama.cpp configured with GGML_CUDA=ON for sm_90 (target/cuda-check);
+#  3. compiled: the generated flash-attention instances of every turbo K/V pair, every
+#     upstream CUDA file our patch hooks into (convert, getrows, set-rows, cpy, fattn,
+#     ggml-cuda) and test-backend-ops.cpp with our test cases - through ccache;
+#  4. ggml-ext/cuda/tq-parity.cu compiled and linked against libturboquant.a, and run with
+#     --host: the CUDA codec source, built for the CPU, must reproduce the Rust codec's
+#     bytes and decoded values bit for bit. (On a GPU, scripts/gpu-check.sh runs it on the
+#     device too.)
+# Linking all of ggml-cuda (~15 min on 2 cores) is left to `cargo build --features cuda`
+# and scripts/gpu-check.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+start=$(date +%s)
+
+root=$(scripts/cuda-toolkit.sh --cublas)
+src=${LLAMA_CPP_DIR:-$repo/vendor/llama.cpp}
+if ! grep -q turboquant "$src/ggml/src/ggml-cuda/fattn.cu" 2>/dev/null; then
+  echo "cuda-check: $src is not the patched llama.cpp tree (run cargo build first)" >&2
+  exit 1
+fi
+[ -f target/release/libturboquant.a ] || cargo build --release --lib
+
+bdir=$repo/target/cuda-check
+mkdir -p "$bdir"
+if ! cmake -S "$src" -B "$bdir" -G "Unix Makefiles" \
+    -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_CCACHE=ON \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DCUDAToolkit_ROOT="$root" -DCMAKE_CUDA_COMPILER="$root/bin/nvcc" \
+    -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+    -DTQ_EXT_DIR="$repo/ggml-ext" >"$bdir/configure.log" 2>&1; then
+  tail -30 "$bdir/configure.log" >&2
+  exit 1
+fi
+
+cuda_dir=$bdir/ggml/src/ggml-cuda
+objs=(convert.o getrows.o set-rows.o cpy.o fattn.o ggml-cuda.o)
+for f in "$cuda_dir"/tq-template-instances/*.cu; do
+  objs+=("tq-template-instances/$(basename "${f%.cu}").o")
+done
+echo "cuda-check: compiling ${#objs[@]} CUDA objects for sm_90"
+make -s -C "$cuda_dir" -j"${NUM_JOBS:-2}" "${objs[@]}" 2>&1 | grep -v '^make' || true
+for o in "${objs[@]}"; do
+  [ -f "$cuda_dir/CMakeFiles/ggml-cuda.dir/${o%.o}.cu.o" ] || { echo "cuda-check: $o failed to compile" >&2; exit 1; }
+done
+make -s -C "$bdir/tests" test-backend-ops.o 2>&1 | grep -v '^make' || true
+[ -f "$bdir/tests/CMakeFiles/test-backend-ops.dir/test-backend-ops.cpp.o" ] \
+  || { echo "cuda-check: test-backend-ops.cpp failed to compile" >&2; exit 1; }
+
+# Same fast-math flags as ggml's CUDA build; the host side without FMA contraction, as Rust.
+ccache "$root/bin/nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -Xcompiler -ffp-contract=off \
+  -I ggml-ext/include -I ggml-ext/cuda -c ggml-ext/cuda/tq-parity.cu -o "$bdir/tq-parity.o"
+"$root/bin/nvcc" -arch=sm_90 "$bdir/tq-parity.o" target/release/libturboquant.a -lpthread -ldl -lm -o "$bdir/tq-parity"
+"$bdir/tq-parity" --host
+echo "cuda-check: done in $(( $(date +%s) - start )) s"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu-check.sh needs on a GPU machine that can reach nothing (no network,
+# no Rust): .gpu/ (git-ignored through .git/info/exclude), well under the 64 MiB a device
+# call carries.
+#   .gpu/llama-src.tar.xz    the patched llama.cpp tree, without docs, models, web UI, benches
+#   .gpu/libturboquant.a.xz  the Rust codec, built here (x86-64)
+#   .gpu/tokenizer.gguf      SmolLM2's tokenizer in an otherwise empty GGUF: gpu-check makes a
+#                            random-weight model of SmolLM2's shape from it (the real model,
+#                            94 MB, does not fit; cache speed depends on the shape, not weights)
+#   .gpu/gguf-*.whl          the gguf Python package for scripts/random_gguf.py
+# Then, with a GPU lent: device run, carry [".gpu"], command "scripts/gpu-check.sh".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+rm -rf .gpu && mkdir -p .gpu
+
+cargo build --release --lib
+src=${LLAMA_CPP_DIR:-vendor/llama.cpp}
+grep -q turboquant "$src/ggml/src/ggml-cuda/fattn.cu" || { echo "gpu-pack: $src is not patched (cargo build first)" >&2; exit 1; }
+tar -C "$(dirname "$src")" -cJf .gpu/llama-src.tar.xz \
+  --exclude="$(basename "$src")/docs" --exclude="$(basename "$src")/models" \
+  --exclude="$(basename "$src")/benches" --exclude="$(basename "$src")/tools/ui" \
+  --exclude='*.gguf' --exclude=.git "$(basename "$src")"
+xz -T0 -c target/release/libturboquant.a > .gpu/libturboquant.a.xz
+
+cache=${TQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/turboquant}
+model=${TQ_MODEL:-$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+[ -f "$model" ] || cargo run --release --bin tq -- fetch smollm2-135m
+python3 -m pip download -q --no-deps --only-binary=:all: -d .gpu gguf==0.19.0
+python3 -c 'import gguf' 2>/dev/null || python3 -m pip install -q .gpu/gguf-*.whl
+python3 scripts/random_gguf.py --tokenizer-from "$model" --head 64 --n-head 1 --n-head-kv 1 \
+  --n-layer 0 -o .gpu/tokenizer.gguf
+du -sh .gpu/* && du -sh .gpu
