@@ -46,11 +46,15 @@ if [ ! -f "$stamp" ]; then
     [ -e "$base" ] || ln -s "$(basename "$lib")" "$base"
   done
   # No driver library comes with the toolkit wheels: a stub that only satisfies the linker
-  # (CUDA::cuda_driver). Its soname is libcuda.so.1 and no file of that name exists here, so
-  # a program linked against it loads the GPU machine's real driver at run time.
+  # (CUDA::cuda_driver), with one empty function per driver API entry point cuda.h declares
+  # (names as the preprocessor leaves them, e.g. cuMemGetInfo_v2). Its soname is
+  # libcuda.so.1 and no file of that name exists here, so a program linked against it loads
+  # the GPU machine's real driver at run time.
   if [ ! -e "$root/lib/stubs/libcuda.so" ]; then
     mkdir -p "$root/lib/stubs"
-    printf 'void cuGetProcAddress(void){}\n' | cc -shared -Wl,-soname,libcuda.so.1 -x c - -o "$root/lib/stubs/libcuda.so"
+    cc -E -I "$root/include" "$root/include/cuda.h" | grep -oE '\bcu[A-Z][A-Za-z0-9_]* *\(' \
+      | sed 's/ *($//' | sort -u | sed 's/.*/void &(void) {}/' \
+      | cc -shared -Wl,-soname,libcuda.so.1 -x c - -o "$root/lib/stubs/libcuda.so"
     ln -sf stubs/libcuda.so "$root/lib/libcuda.so"
   fi
   touch "$root/.complete-base" "$stamp"
