@@ -14,6 +14,7 @@
 
 use core::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::block::{scale_is_valid, TqType, QK};
 use crate::error::{TqError, TQ_ERR_PANIC, TQ_OK};
@@ -296,6 +297,85 @@ ggml_hooks!(
     tq_ggml_mad_turbo4
 );
 
+macro_rules! ggml_tile_hooks {
+    ($ty:expr, $dot_rows:ident, $mad_rows:ident) => {
+        /// Flash-attention key tile: `scores[r] = dot(decode(x + r * stride), q)`
+        /// over `k` values, `r < nrows`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $dot_rows(
+            x: *const c_void,
+            stride: usize,
+            nrows: i64,
+            q: *const f32,
+            k: i64,
+            scores: *mut f32,
+        ) {
+            guard_void(|| {
+                let n = nrows.max(0) as usize;
+                let (x, nb) = (x as *const u8, nblocks(k));
+                kernels::dot_rows_raw(simd_level(), $ty, x, stride, n, q, nb, scores)
+            })
+        }
+
+        /// Flash-attention value tile: `y[0..k) += Σ_r w[r] * decode(x + r * stride)`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $mad_rows(
+            x: *const c_void,
+            stride: usize,
+            nrows: i64,
+            w: *const f32,
+            y: *mut f32,
+            k: i64,
+        ) {
+            guard_void(|| {
+                let n = nrows.max(0) as usize;
+                let (x, nb) = (x as *const u8, nblocks(k));
+                kernels::mad_rows_raw(simd_level(), $ty, x, stride, n, w, y, nb)
+            })
+        }
+    };
+}
+
+ggml_tile_hooks!(
+    TqType::Turbo2,
+    tq_ggml_dot_rows_turbo2,
+    tq_ggml_mad_rows_turbo2
+);
+ggml_tile_hooks!(
+    TqType::Turbo3,
+    tq_ggml_dot_rows_turbo3,
+    tq_ggml_mad_rows_turbo3
+);
+ggml_tile_hooks!(
+    TqType::Turbo4,
+    tq_ggml_dot_rows_turbo4,
+    tq_ggml_mad_rows_turbo4
+);
+
+/// Whether flash attention takes the tiled decode path: 1 unless `TQ_FA_TILE=0`
+/// is in the environment (read once) or [`tq_ggml_set_fa_tile`] said otherwise.
+#[no_mangle]
+pub extern "C" fn tq_ggml_fa_tile() -> c_int {
+    match FA_TILE.load(Ordering::Relaxed) {
+        0 => 0,
+        1 => 1,
+        _ => {
+            let on = !matches!(std::env::var("TQ_FA_TILE").as_deref(), Ok("0"));
+            FA_TILE.store(on as u8, Ordering::Relaxed);
+            on as c_int
+        }
+    }
+}
+
+/// Turns the tiled flash-attention decode path on (non-zero) or off, overriding
+/// `TQ_FA_TILE` (for tests and benchmarks comparing the two).
+#[no_mangle]
+pub extern "C" fn tq_ggml_set_fa_tile(on: c_int) {
+    FA_TILE.store((on != 0) as u8, Ordering::Relaxed);
+}
+
+static FA_TILE: AtomicU8 = AtomicU8::new(u8::MAX);
+
 /// `ggml_validate_row_data`: 1 if `nbytes` is a whole number of blocks and
 /// every block scale is a finite, non-negative fp16; else 0 (also for an
 /// unknown type, or a NULL `x` with `nbytes > 0`).
@@ -322,7 +402,7 @@ pub unsafe extern "C" fn tq_ggml_validate_row(t: c_int, x: *const c_void, nbytes
 // -------------------------------------------------------- link anchor ---
 
 #[repr(transparent)]
-struct ExportTable([*const (); 24]);
+struct ExportTable([*const (); 32]);
 // SAFETY: the table holds code addresses only, never dereferenced as data.
 unsafe impl Sync for ExportTable {}
 
@@ -352,10 +432,18 @@ static EXPORTS: ExportTable = ExportTable([
     tq_ggml_mad_turbo3 as *const (),
     tq_ggml_mad_turbo4 as *const (),
     tq_ggml_validate_row as *const (),
+    tq_ggml_dot_rows_turbo2 as *const (),
+    tq_ggml_dot_rows_turbo3 as *const (),
+    tq_ggml_dot_rows_turbo4 as *const (),
+    tq_ggml_mad_rows_turbo2 as *const (),
+    tq_ggml_mad_rows_turbo3 as *const (),
+    tq_ggml_mad_rows_turbo4 as *const (),
+    tq_ggml_fa_tile as *const (),
+    tq_ggml_set_fa_tile as *const (),
 ]);
 
 /// Names of every exported C symbol, in [`link_anchor`]'s table order.
-pub const EXPORTED_SYMBOLS: [&str; 24] = [
+pub const EXPORTED_SYMBOLS: [&str; 32] = [
     "tq_block_values",
     "tq_block_bytes",
     "tq_quantize",
@@ -380,6 +468,14 @@ pub const EXPORTED_SYMBOLS: [&str; 24] = [
     "tq_ggml_mad_turbo3",
     "tq_ggml_mad_turbo4",
     "tq_ggml_validate_row",
+    "tq_ggml_dot_rows_turbo2",
+    "tq_ggml_dot_rows_turbo3",
+    "tq_ggml_dot_rows_turbo4",
+    "tq_ggml_mad_rows_turbo2",
+    "tq_ggml_mad_rows_turbo3",
+    "tq_ggml_mad_rows_turbo4",
+    "tq_ggml_fa_tile",
+    "tq_ggml_set_fa_tile",
 ];
 
 /// References every exported C function, so a binary that links static C++

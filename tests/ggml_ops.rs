@@ -10,6 +10,18 @@ extern "C" {
     fn tq_test_set_get_rows(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_mul_mat(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean(err: *mut c_char, cap: usize) -> c_int;
+    #[allow(clippy::too_many_arguments)]
+    fn tq_test_flash_attn_tiles(
+        k_type: c_int,
+        v_type: c_int,
+        d: i64,
+        n_q: i64,
+        softcap: f32,
+        sinks: c_int,
+        max_bias: f32,
+        err: *mut c_char,
+        cap: usize,
+    ) -> c_int;
     fn tq_test_flash_attn(
         k_type: c_int,
         v_type: c_int,
@@ -100,6 +112,26 @@ fn flash_attn_mixed_pairs_equal_f32_reference() {
     ] {
         for d in [64, 128, 256] {
             check(|e, n| unsafe { tq_test_flash_attn(k, v, d, 3, 3, e, n) });
+        }
+    }
+}
+
+/// The tiled turbo decode path (tq-ggml-fa.h) equals ggml's per-key loop and the f32
+/// reference: holes in the mask, ALiBi, softcap, sinks, split-KV and plain decode.
+#[test]
+fn flash_attn_tiled_decode_equals_per_key_loop() {
+    for (k, v) in [(TURBO4, TURBO4), (TURBO3, TURBO3), (TURBO2, TURBO4)] {
+        for d in [64, 128] {
+            for (n_q, softcap, sinks, max_bias) in [
+                (1, 0.0, 0, 0.0),
+                (1, 30.0, 1, 0.0),
+                (3, 0.0, 1, 8.0),
+                (2, 20.0, 0, 0.0),
+            ] {
+                check(|e, n| unsafe {
+                    tq_test_flash_attn_tiles(k, v, d, n_q, softcap, sinks, max_bias, e, n)
+                });
+            }
         }
     }
 }

@@ -126,6 +126,28 @@ void tq_ggml_mad_turbo2(const void *x, float *y, int64_t k, float v);
 void tq_ggml_mad_turbo3(const void *x, float *y, int64_t k, float v);
 void tq_ggml_mad_turbo4(const void *x, float *y, int64_t k, float v);
 
+/* Flash-attention decode tiles: nrows rows of k values each, row r at x + r*stride bytes.
+   dot_rows: scores[r] = dot(decode(row r), q) (as the vec_dot hooks, up to rounding order).
+   mad_rows: y[0..k) += w[r] * decode(row r) for r = 0..nrows-1 in order (bit-exact with
+   nrows calls of the mad hook). nrows <= 0 does nothing. */
+void tq_ggml_dot_rows_turbo2(const void *x, size_t stride, int64_t nrows, const float *q, int64_t k,
+                             float *scores);
+void tq_ggml_dot_rows_turbo3(const void *x, size_t stride, int64_t nrows, const float *q, int64_t k,
+                             float *scores);
+void tq_ggml_dot_rows_turbo4(const void *x, size_t stride, int64_t nrows, const float *q, int64_t k,
+                             float *scores);
+void tq_ggml_mad_rows_turbo2(const void *x, size_t stride, int64_t nrows, const float *w, float *y,
+                             int64_t k);
+void tq_ggml_mad_rows_turbo3(const void *x, size_t stride, int64_t nrows, const float *w, float *y,
+                             int64_t k);
+void tq_ggml_mad_rows_turbo4(const void *x, size_t stride, int64_t nrows, const float *w, float *y,
+                             int64_t k);
+
+/* Whether ggml's CPU flash attention takes the tiled decode path (tq-ggml-fa.h): 1 unless
+   TQ_FA_TILE=0 is in the environment (read once) or tq_ggml_set_fa_tile changed it. */
+int tq_ggml_fa_tile(void);
+void tq_ggml_set_fa_tile(int on);
+
 /* ggml_validate_row_data: 1 if every block scale is finite and non-negative; 0 otherwise,
    also when nbytes is not a whole number of blocks, the type is unknown, or x is NULL
    with nbytes > 0. */

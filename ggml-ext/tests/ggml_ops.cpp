@@ -218,6 +218,77 @@ extern "C" int tq_test_flash_attn(int k_type, int v_type, int64_t D, int64_t gqa
     return 0;
 }
 
+// The tiled turbo decode path (tq-ggml-fa.h) against ggml's per-key loop (tiling off) and
+// against the f32 reference, on a mask with holes (isolated -INF keys, a masked run longer
+// than a tile, a fully masked tail), finite non-zero mask values, ALiBi slopes (max_bias),
+// logit softcap and attention sinks. n_q == 1 with 640 keys takes the split-KV path.
+extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64_t n_q, float softcap, int use_sinks,
+                                        float max_bias, char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    const int64_t n_kv = 640, n_head_kv = 2, n_head = 6;
+    Ctx c(256);
+    auto mk = [&](ggml_type t, uint32_t seed) {
+        ggml_tensor * x = ggml_new_tensor_3d(c.ctx, t, D, n_kv, n_head_kv);
+        fill(x, gaussian(D * n_kv * n_head_kv, seed));
+        return x;
+    };
+    auto as_ref = [&](ggml_tensor * x) {
+        ggml_tensor * f = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, x->ne[0], x->ne[1], x->ne[2]);
+        fill(f, decode(x));
+        return f;
+    };
+    ggml_tensor * k = mk((ggml_type) k_type, 21);
+    ggml_tensor * v = mk((ggml_type) v_type, 22);
+    ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, D, n_q, n_head);
+    fill(q, gaussian(D * n_q * n_head, 23, 0.5f));
+    ggml_tensor * mask = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F16, n_kv, n_q);
+    std::mt19937 rng(24);
+    std::uniform_real_distribution<float> small(-2.0f, 0.0f);
+    ggml_fp16_t * m = (ggml_fp16_t *) mask->data;
+    for (int64_t i = 0; i < n_q; ++i) {
+        for (int64_t j = 0; j < n_kv; ++j) {
+            const bool hole = j % 7 == 3 || (j >= 40 && j < 90) || j >= n_kv - 37 + i;
+            m[i * n_kv + j] = ggml_fp32_to_fp16(hole ? -INFINITY : (j % 3 ? 0.0f : small(rng)));
+        }
+    }
+    ggml_tensor * sinks = nullptr;
+    if (use_sinks) {
+        sinks = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, n_head);
+        fill(sinks, gaussian(n_head, 25, 2.0f));
+    }
+    const float scale = 1.0f / std::sqrt((float) D);
+    auto attn = [&](ggml_tensor * kk, ggml_tensor * vv) {
+        ggml_tensor * a = ggml_flash_attn_ext(c.ctx, q, kk, vv, mask, scale, max_bias, softcap);
+        ggml_flash_attn_ext_set_prec(a, GGML_PREC_F32);
+        if (sinks) ggml_flash_attn_ext_add_sinks(a, sinks);
+        compute(c.ctx, a);
+        return decode(a);
+    };
+    const int was = tq_ggml_fa_tile();
+    tq_ggml_set_fa_tile(1);
+    const auto tiled = attn(k, v);
+    tq_ggml_set_fa_tile(0);
+    const auto per_key = attn(k, v);
+    tq_ggml_set_fa_tile(was);
+    const auto ref = attn(as_ref(k), as_ref(v));
+    double worst_on_off = 0, worst_ref = 0;
+    bool identical = true;
+    for (size_t i = 0; i < tiled.size(); ++i) {
+        if (!std::isfinite(tiled[i])) return err.fail("non-finite tiled output at %zu", i);
+        identical = identical && tiled[i] == per_key[i];
+        worst_on_off = std::fmax(worst_on_off, std::fabs(tiled[i] - per_key[i]) / (1.0 + std::fabs(per_key[i])));
+        worst_ref = std::fmax(worst_ref, std::fabs(tiled[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
+    }
+    const char * kn = ggml_type_name((ggml_type) k_type), * vn = ggml_type_name((ggml_type) v_type);
+    if (worst_on_off > 1e-5 || worst_ref > 1e-4) {
+        return err.fail("FA tiles %s/%s D=%lld n_q=%lld softcap=%g sinks=%d: tiled vs per-key %g, vs f32 %g", kn, vn,
+                        (long long) D, (long long) n_q, softcap, use_sinks, worst_on_off, worst_ref);
+    }
+    // Different float summation order: bit-identical output means the tiled path never ran.
+    if (identical) return err.fail("FA tiles %s/%s: tiled and per-key outputs are bit-identical", kn, vn);
+    return 0;
+}
+
 // K mean removal (tq-kmean.h), on f32 tensors so only the algebra is under test:
 // 1. tq_kmean_apply in its three modes: SET stores and subtracts the ubatch mean, KEEP the
 //    stored one, ZERO nothing;

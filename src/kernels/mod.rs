@@ -12,6 +12,9 @@
 //!   every path: also bit-exact.
 //! * `vec_dot` sums `(d * C[idx]) * y` in a different order per path (the
 //!   scalar oracle accumulates in f64); paths agree within `1e-5 * Σ|terms|`.
+//! * `dot_rows` / `mad_rows` (flash-attention decode tiles, [`x86::rows`]):
+//!   `vec_dot` over many rows a byte stride apart (same tolerance), and `mad`
+//!   over many rows with one weight each (bit-exact with row-by-row `mad`).
 //!
 //! Dispatch: the best level is detected on first use (`is_x86_feature_detected!`)
 //! and cached in an atomic; a per-call dispatch is one relaxed load and a match.
@@ -203,6 +206,110 @@ pub unsafe fn mad_raw(level: SimdLevel, ty: TqType, x: *const u8, y: *mut f32, n
     scalar::mad_row(ty, xs, ys, v)
 }
 
+/// `out[r] = dot(decode(row r), q)` for `nrows` rows `stride` bytes apart,
+/// each `nb` blocks (a flash-attention key tile against one query).
+///
+/// # Safety
+/// `x` points to `(nrows - 1) * stride + nb * ty.block_bytes()` readable bytes
+/// (nothing when `nrows == 0`), `q` to `nb * 64` floats, `out` to `nrows`
+/// writable floats, and the CPU supports `level`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn dot_rows_raw(
+    level: SimdLevel,
+    ty: TqType,
+    x: *const u8,
+    stride: usize,
+    nrows: usize,
+    q: *const f32,
+    nb: usize,
+    out: *mut f32,
+) {
+    if nrows == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use x86::rows::*;
+        let f = match (level, ty) {
+            (SimdLevel::Avx512, TqType::Turbo2) => {
+                Some(avx512_dot_rows_t2 as unsafe fn(_, _, _, _, _, _))
+            }
+            (SimdLevel::Avx512, TqType::Turbo3) => Some(avx512_dot_rows_t3 as _),
+            (SimdLevel::Avx512, TqType::Turbo4) => Some(avx512_dot_rows_t4 as _),
+            (SimdLevel::Avx2, TqType::Turbo2) => Some(avx2_dot_rows_t2 as _),
+            (SimdLevel::Avx2, TqType::Turbo3) => Some(avx2_dot_rows_t3 as _),
+            (SimdLevel::Avx2, TqType::Turbo4) => Some(avx2_dot_rows_t4 as _),
+            _ => None,
+        };
+        if let Some(f) = f {
+            return f(x, stride, nrows, q, nb, out);
+        }
+    }
+    let _ = level;
+    let xs = core::slice::from_raw_parts(x, (nrows - 1) * stride + nb * ty.block_bytes());
+    let qs = core::slice::from_raw_parts(q, nb * QK);
+    scalar::dot_rows(
+        ty,
+        xs,
+        stride,
+        qs,
+        core::slice::from_raw_parts_mut(out, nrows),
+    )
+}
+
+/// `y += Σ_r w[r] * decode(row r)` over `nrows` rows `stride` bytes apart,
+/// each `nb` blocks, rows in order: bit-exact with `nrows` calls of
+/// [`mad_raw`] (a flash-attention value tile).
+///
+/// # Safety
+/// As [`dot_rows_raw`], with `w` pointing to `nrows` floats and `y` to
+/// `nb * 64` writable floats.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn mad_rows_raw(
+    level: SimdLevel,
+    ty: TqType,
+    x: *const u8,
+    stride: usize,
+    nrows: usize,
+    w: *const f32,
+    y: *mut f32,
+    nb: usize,
+) {
+    if nrows == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use x86::rows::*;
+        let f = match (level, ty) {
+            (SimdLevel::Avx512, TqType::Turbo2) => {
+                Some(avx512_mad_rows_t2 as unsafe fn(_, _, _, _, _, _))
+            }
+            (SimdLevel::Avx512, TqType::Turbo3) => Some(avx512_mad_rows_t3 as _),
+            (SimdLevel::Avx512, TqType::Turbo4) => Some(avx512_mad_rows_t4 as _),
+            (SimdLevel::Avx2, TqType::Turbo2) => Some(avx2_mad_rows_t2 as _),
+            (SimdLevel::Avx2, TqType::Turbo3) => Some(avx2_mad_rows_t3 as _),
+            (SimdLevel::Avx2, TqType::Turbo4) => Some(avx2_mad_rows_t4 as _),
+            _ => None,
+        };
+        if let Some(f) = f {
+            return f(x, stride, nrows, w, y, nb);
+        }
+    }
+    let _ = level;
+    let xs = core::slice::from_raw_parts(x, (nrows - 1) * stride + nb * ty.block_bytes());
+    let ws = core::slice::from_raw_parts(w, nrows);
+    scalar::mad_rows(
+        ty,
+        xs,
+        stride,
+        ws,
+        core::slice::from_raw_parts_mut(y, nb * QK),
+    )
+}
+
 // ------------------------------------------------------ safe row API ---
 
 fn check_rows(ty: TqType, nbytes: usize, nvals: usize) -> usize {
@@ -269,6 +376,80 @@ pub fn mad_row_at(level: SimdLevel, ty: TqType, x: &[u8], y: &mut [f32], v: f32)
 pub fn mad_row(ty: TqType, x: &[u8], y: &mut [f32], v: f32) {
     let nb = check_rows(ty, x.len(), y.len());
     unsafe { mad_raw(simd_level(), ty, x.as_ptr(), y.as_mut_ptr(), nb, v) }
+}
+
+/// Checks a tile of `nrows` rows of `nvals` values, `stride` bytes apart, in
+/// `nbytes` bytes; returns blocks per row.
+fn check_tile(ty: TqType, nbytes: usize, stride: usize, nrows: usize, nvals: usize) -> usize {
+    assert!(
+        nvals.is_multiple_of(QK),
+        "row length {nvals} is not a multiple of {QK}"
+    );
+    let nb = nvals / QK;
+    let row = nb * ty.block_bytes();
+    assert!(
+        nrows <= 1 || stride >= row,
+        "stride {stride} < row bytes {row}"
+    );
+    let need = if nrows == 0 {
+        0
+    } else {
+        (nrows - 1) * stride + row
+    };
+    assert!(nbytes >= need, "tile needs {need} bytes, got {nbytes}");
+    nb
+}
+
+/// `out[r] = dot(decode(row r), q)` for `out.len()` rows of `q.len()` values,
+/// `stride` bytes apart in `x`, at an explicit level.
+pub fn dot_rows_at(
+    level: SimdLevel,
+    ty: TqType,
+    x: &[u8],
+    stride: usize,
+    q: &[f32],
+    out: &mut [f32],
+) {
+    check_level(level);
+    let nb = check_tile(ty, x.len(), stride, out.len(), q.len());
+    unsafe {
+        dot_rows_raw(
+            level,
+            ty,
+            x.as_ptr(),
+            stride,
+            out.len(),
+            q.as_ptr(),
+            nb,
+            out.as_mut_ptr(),
+        )
+    }
+}
+
+/// `y += Σ_r w[r] * decode(row r)` for `w.len()` rows of `y.len()` values,
+/// `stride` bytes apart in `x`, at an explicit level.
+pub fn mad_rows_at(
+    level: SimdLevel,
+    ty: TqType,
+    x: &[u8],
+    stride: usize,
+    w: &[f32],
+    y: &mut [f32],
+) {
+    check_level(level);
+    let nb = check_tile(ty, x.len(), stride, w.len(), y.len());
+    unsafe {
+        mad_rows_raw(
+            level,
+            ty,
+            x.as_ptr(),
+            stride,
+            w.len(),
+            w.as_ptr(),
+            y.as_mut_ptr(),
+            nb,
+        )
+    }
 }
 
 // ------------------------------------------------------ typed API ---

@@ -187,6 +187,24 @@ pub fn mad_row(ty: TqType, x: &[u8], y: &mut [f32], v: f32) {
     }
 }
 
+/// `out[r] = vec_dot_row(row r, q)` for `out.len()` rows `stride` bytes apart
+/// (the multi-row oracle: the per-row f64 oracle, row by row).
+pub fn dot_rows(ty: TqType, x: &[u8], stride: usize, q: &[f32], out: &mut [f32]) {
+    let len = q.len() / QK * ty.block_bytes();
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = vec_dot_row(ty, &x[r * stride..r * stride + len], q);
+    }
+}
+
+/// `y += w[r] * decode(row r)` for `w.len()` rows `stride` bytes apart, in row
+/// order (exactly `w.len()` calls of [`mad_row`]).
+pub fn mad_rows(ty: TqType, x: &[u8], stride: usize, w: &[f32], y: &mut [f32]) {
+    let len = y.len() / QK * ty.block_bytes();
+    for (r, &wr) in w.iter().enumerate() {
+        mad_row(ty, &x[r * stride..r * stride + len], y, wr);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -369,3 +369,5 @@ avx512_kernels!(
     [CODEBOOK_4BIT],
     avx512_t4_groups
 );
+
+pub mod rows;
