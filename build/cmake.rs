@@ -63,7 +63,10 @@ fn cuda_args() -> Vec<String> {
     if let Some(r) = std::env::var_os("TQ_CUDA_ROOT") {
         let r = PathBuf::from(r);
         a.push(format!("-DCUDAToolkit_ROOT={}", r.display()));
-        a.push(format!("-DCMAKE_CUDA_COMPILER={}", r.join("bin/nvcc").display()));
+        a.push(format!(
+            "-DCMAKE_CUDA_COMPILER={}",
+            r.join("bin/nvcc").display()
+        ));
     }
     a
 }
@@ -160,7 +163,11 @@ fn link_inputs(build_dir: &Path, dir: &str, exe: &str) -> Result<Vec<String>, St
                 }
             }
             out.push(p.display().to_string());
-        } else if tok.starts_with("-l") || tok.starts_with("-L") || tok == "-pthread" || tok == "-fopenmp" {
+        } else if tok.starts_with("-l")
+            || tok.starts_with("-L")
+            || tok == "-pthread"
+            || tok == "-fopenmp"
+        {
             out.push(tok.to_string());
         }
     }

@@ -66,7 +66,11 @@ fn flash_attention_pairs_agree() {
     let want = expected_pairs();
     assert_eq!(want.len(), 21);
     assert_eq!(header_pairs(), want, "tq-fattn.cuh TQ_FATTN_FOR_EACH_PAIR");
-    assert_eq!(cmake_pairs(), want, "turboquant-cuda.cmake TQ_CUDA_FA_PAIRS");
+    assert_eq!(
+        cmake_pairs(),
+        want,
+        "turboquant-cuda.cmake TQ_CUDA_FA_PAIRS"
+    );
 }
 
 #[test]
@@ -93,17 +97,29 @@ fn patch_hooks_every_cuda_table() {
         ("ggml/src/ggml-cuda/CMakeLists.txt", "turboquant-cuda.cmake"),
         ("ggml/src/ggml-cuda/fattn-common.cuh", "tq_get_vec_dot_KQ"),
         ("ggml/src/ggml-cuda/fattn-common.cuh", "tq_get_dequantize_V"),
-        ("ggml/src/ggml-cuda/fattn-vec.cuh", "TQ_FATTN_EXTERN_DECL_CASES"),
-        ("ggml/src/ggml-cuda/fattn-vec.cuh", "!TQ_GGML_IS_TURBO(type_K)"),
+        (
+            "ggml/src/ggml-cuda/fattn-vec.cuh",
+            "TQ_FATTN_EXTERN_DECL_CASES",
+        ),
+        (
+            "ggml/src/ggml-cuda/fattn-vec.cuh",
+            "!TQ_GGML_IS_TURBO(type_K)",
+        ),
         ("ggml/src/ggml-cuda/fattn.cu", "TQ_FATTN_VEC_CASES"),
         ("ggml/src/ggml-cuda/fattn.cu", "TQ_GGML_CASES"),
         ("ggml/src/ggml-cuda/convert.cu", "TQ_CUDA_CONVERT_CASES"),
         ("ggml/src/ggml-cuda/getrows.cu", "TQ_CUDA_GET_ROWS_CASES"),
         ("ggml/src/ggml-cuda/set-rows.cu", "TQ_CUDA_SET_ROWS_ARMS"),
         ("ggml/src/ggml-cuda/cpy.cu", "TQ_CUDA_CPY_ARMS"),
-        ("ggml/src/ggml-cuda/ggml-cuda.cu", "TQ_CUDA_SET_ROWS_SUPPORTED"),
+        (
+            "ggml/src/ggml-cuda/ggml-cuda.cu",
+            "TQ_CUDA_SET_ROWS_SUPPORTED",
+        ),
         ("ggml/src/ggml-cuda/ggml-cuda.cu", "TQ_CUDA_CPY_SUPPORTED"),
-        ("tests/test-backend-ops.cpp", "tq_make_test_cases(test_cases)"),
+        (
+            "tests/test-backend-ops.cpp",
+            "tq_make_test_cases(test_cases)",
+        ),
     ];
     for (file, hook) in hooks {
         let section = patch
