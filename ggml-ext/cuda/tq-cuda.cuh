@@ -38,6 +38,15 @@ namespace tq_host {
 
 #define TQ_HD __host__ __device__ __forceinline__
 
+// Loop unrolling for the device pass only: the host compiler does not know the pragma.
+#ifdef __CUDA_ARCH__
+#define TQ_UNROLL      _Pragma("unroll")
+#define TQ_UNROLL_8    _Pragma("unroll 8")
+#else
+#define TQ_UNROLL
+#define TQ_UNROLL_8
+#endif
+
 #ifdef __CUDA_ARCH__
 #define TQ_TABLE(name) (name)
 static __device__ __forceinline__ double   tq_dmul(double a, double b) { return __dmul_rn(a, b); }
@@ -106,7 +115,7 @@ template <int bits, int n> static TQ_HD uint32_t tq_cuda_indices(const uint8_t *
     const uint16_t * w = (const uint16_t *) (qs + (j0 % span));
     const int shift = step*(j0 / span);
     uint32_t out = 0;
-#pragma unroll
+TQ_UNROLL
     for (int k = 0; k < n/2; ++k) {
         const uint32_t two = w[k];
         out |= ((two        >> shift) & mask) << (8*k);
@@ -114,7 +123,7 @@ template <int bits, int n> static TQ_HD uint32_t tq_cuda_indices(const uint8_t *
     }
     if constexpr (bits == 3) {
         const uint32_t hi = qs[16 + j0/8] >> (j0 % 8);
-#pragma unroll
+TQ_UNROLL
         for (int i = 0; i < n; ++i) {
             out |= ((hi >> i) & 1u) << (4*i + 2);
         }
@@ -158,7 +167,7 @@ static __host__ __device__ void tq_cuda_quantize_block(const float * __restrict_
     const float * thr = tq_cuda_thresholds<bits>();
 
     double ss = 0.0;
-#pragma unroll 8
+TQ_UNROLL_8
     for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
         const double v = tq_cuda_widen(x[j]);
         ss = tq_dadd(ss, tq_dmul(v, v));
@@ -166,20 +175,20 @@ static __host__ __device__ void tq_cuda_quantize_block(const float * __restrict_
     const double n = tq_dsqrt(ss);
 
     uint8_t q[nqs];
-#pragma unroll
+TQ_UNROLL
     for (int i = 0; i < nqs; ++i) {
         q[i] = 0;
     }
     uint16_t d = 0;
     const bool empty = n == 0.0 || !isfinite(n);
     double cs = 0.0;
-#pragma unroll
+TQ_UNROLL
     for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
         int k = levels/2;
         if (!empty) {
             const double u = tq_ddiv(tq_cuda_widen(x[j]), n);
             k = 0;
-#pragma unroll
+TQ_UNROLL
             for (int t = 0; t < levels - 1; ++t) {
                 k += u > (double) thr[t];
             }
@@ -203,7 +212,7 @@ static __host__ __device__ void tq_cuda_quantize_block(const float * __restrict_
         }
     }
     y->d = d;
-#pragma unroll
+TQ_UNROLL
     for (int i = 0; i < nqs; ++i) {
         y->qs[i] = q[i];
     }
