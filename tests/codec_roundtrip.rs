@@ -118,13 +118,20 @@ proptest! {
     fn decoded_norm_equals_input_norm(ty in ty_strategy(), seed in any::<u64>(), scale in -30i32..16) {
         let mut rng = TRng::new(seed);
         let x: Vec<f32> = rng.gauss_vec(64).iter().map(|v| v * 2f32.powi(scale)).collect();
-        let y = decode(ty, &encode(ty, &x));
+        let blk = encode(ty, &x);
+        let y = decode(ty, &blk);
         let n0 = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
         let n1 = y.iter().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
-        // fp16 keeps 11 significant bits: relative rounding <= 2^-11 (~4.9e-4) while
-        // the scale d ~ n / 0.94 is a normal fp16 (6.1e-5 ..= 65504).
-        if n0 > 1e-4 && n0 < 6e4 {
-            prop_assert!((n1 - n0).abs() <= 1e-3 * n0, "norm {n0} -> {n1}");
+        let d_bits = u16::from_ne_bytes([blk[0], blk[1]]);
+        let exp = (d_bits >> 10) & 0x1f;
+        if d_bits & 0x7fff == 0x7bff {
+            // the scale n / |C[idx]| overflowed fp16 and was clamped to 65504
+            // (documented in lib.rs): the decoded norm can only shrink
+            prop_assert!(n1 <= n0 * (1.0 + 1e-3), "clamped: norm {n0} -> {n1}");
+        } else if exp != 0 {
+            // a normal fp16 scale keeps 11 significant bits: relative
+            // rounding <= 2^-11 (~4.9e-4) on the restored norm
+            prop_assert!((n1 - n0).abs() <= 1e-3 * n0, "norm {n0} -> {n1} (d bits {d_bits:#06x})");
         }
     }
 }
