@@ -4,7 +4,7 @@
 #   1. build llama.cpp with CUDA for sm_90 only (upstream's default FA pairs + our turbo
 #      pairs), with test-backend-ops and llama-bench, linked with our Rust codec;
 #   2. tq-parity on the device: CUDA encoder/decoder bytes against the Rust codec;
-#   3. test-backend-ops -b CUDA0 on SET_ROWS, GET_ROWS, CPY, FLASH_ATTN_EXT for turbo types
+#   3. test-backend-ops -b CUDA0 on SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT for turbo types
 #      (CUDA against the CPU backend);
 #   4. llama-bench, flash attention on, f16 / q8_0 / q4_0 / turbo4 / turbo3 / turbo2 caches
 #      (and turbo4/turbo3), pp512 and tg128 at depths 0, 8192, 32768.
@@ -49,7 +49,7 @@ bin=$work/build/bin
 log "parity: rc=$? $(tail -1 "$out/parity.txt")"
 
 # 3. backend ops: CUDA against CPU
-"$bin/test-backend-ops" test -b CUDA0 -o SET_ROWS,GET_ROWS,CPY,FLASH_ATTN_EXT -p turbo > "$out/backend-ops.txt" 2>&1
+"$bin/test-backend-ops" test -b CUDA0 -o SET_ROWS,GET_ROWS,CPY,MUL_MAT,FLASH_ATTN_EXT -p turbo > "$out/backend-ops.txt" 2>&1
 rc=$?
 log "test-backend-ops: rc=$rc $(grep -E 'tests passed|Backend .* (OK|FAIL)' "$out/backend-ops.txt" | tr '\n' ' ')"
 grep -E '\bFAIL\b' "$out/backend-ops.txt" | head -20 | tee -a "$out/summary.txt"

@@ -116,6 +116,7 @@ fn patch_hooks_every_cuda_table() {
             "TQ_CUDA_SET_ROWS_SUPPORTED",
         ),
         ("ggml/src/ggml-cuda/ggml-cuda.cu", "TQ_CUDA_CPY_SUPPORTED"),
+        ("ggml/src/ggml-cuda/ggml-cuda.cu", "TQ_CUDA_MUL_MAT_SUPPORTED"),
         (
             "tests/test-backend-ops.cpp",
             "tq_make_test_cases(test_cases)",
@@ -144,6 +145,16 @@ fn patch_hooks_every_cuda_table() {
             .filter(|l| l.starts_with('+') && l.contains(&format!("TQ_CUDA_CONVERT_CASES({t})")))
             .count()
     };
+    // MUL_MAT goes to cuBLAS: both mmvq entries (plain and fused) must turn turbo away.
+    let cuda = patch
+        .split("\ndiff ")
+        .find(|s| s.contains("+++ b/ggml/src/ggml-cuda/ggml-cuda.cu\n"))
+        .unwrap();
+    let via = cuda
+        .lines()
+        .filter(|l| l.starts_with('+') && l.contains("TQ_CUDA_MUL_MAT_VIA_CUBLAS(src0->type)"))
+        .count();
+    assert_eq!(via, 2, "ggml-cuda.cu: mul_mat and the mmvq fusion check both need the hook");
     assert_eq!(n("dequantize_block_cont_cuda"), 3);
     assert_eq!(n("dequantize_block_cuda"), 3);
 }
