@@ -10,6 +10,7 @@ extern "C" {
     fn tq_test_set_get_rows(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_mul_mat(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_kbal(err: *mut c_char, cap: usize) -> c_int;
     #[allow(clippy::too_many_arguments)]
     fn tq_test_flash_attn_tiles(
         k_type: c_int,
@@ -141,4 +142,11 @@ fn flash_attn_tiled_decode_equals_per_key_loop() {
 #[test]
 fn k_mean_removal_modes_invariance_and_k_shift() {
     check(|e, n| unsafe { tq_test_kmean(e, n) });
+}
+
+/// K/Q channel balancing (ggml-ext/include/tq-kmean.h): logits exact in every mode, s tied
+/// on RoPE pairs, energy-preserving, the Cauchy-Schwarz optimum, commuting with RoPE.
+#[test]
+fn k_q_channel_balancing_is_logit_exact_and_rope_tied() {
+    check(|e, n| unsafe { tq_test_kbal(e, n) });
 }

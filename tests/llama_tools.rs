@@ -179,6 +179,10 @@ fn server_answers_chat_and_parallel_requests_with_turbo_cache() {
         log.contains("turbo K mean removal: on"),
         "server log does not show the K mean policy"
     );
+    assert!(
+        log.contains("turbo K/Q channel balancing: on"),
+        "server log does not show the K/Q balancing policy"
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@
 #include "tq-ggml.h"
 #include "tq-kmean.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -390,6 +391,171 @@ extern "C" int tq_test_kmean(char * err_buf, size_t cap) {
         auto sv = decode(shifted), wv = decode(want);
         for (size_t i = 0; i < sv.size(); ++i) {
             if (std::fabs(sv[i] - wv[i]) > 2e-4 * (1 + std::fabs(wv[i]))) return err.fail("K shift with mean at %zu: %g, want %g", i, sv[i], wv[i]);
+        }
+    }
+    return 0;
+}
+
+// K/Q channel balancing (tq-kmean.h), f32 only:
+// 1. every logit q.k is unchanged by tq_kbal_apply, in all three modes, for a prefill-sized
+//    ubatch (statistics computed) and a decode-sized one (stored s only);
+// 2. SET stores s - 1 with s equal on every RoPE pair (adjacent or halves), within
+//    [1/8, 8], the attention-weighted centred key energy kept per KV head when nothing is
+//    clamped, and s^4 proportional to the pair's query energy over that key energy; KEEP
+//    uses the stored s, ZERO s = 1;
+// 3. s commutes with RoPE (so the K shift needs no change), and on keys and queries whose
+//    channel energies differ it lowers E|q/s|^2 E|s k|^2, the logit error it targets.
+extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    const int64_t hd = 64, nkv = 2, g = 3, nq = nkv * g, n = hd * nkv;
+    const float kq_scale = 0.125f;
+    for (bool neox : { false, true }) {
+        for (int64_t nt : { (int64_t) 40, (int64_t) 1 }) {
+            for (int mode : { TQ_KMEAN_SET, TQ_KMEAN_KEEP, TQ_KMEAN_ZERO }) {
+                Ctx c(64);
+                // channel c of keys ~ N(1, ak_c^2), of queries ~ N(0, aq_c^2), aq = 1 / ak: queries
+                // weigh most the channels where keys vary least
+                std::vector<float> kv = gaussian(n * nt, 31), qv = gaussian(hd * nq * nt, 32);
+                std::vector<float> ak(hd), aq(hd);
+                for (int64_t i = 0; i < hd; ++i) {
+                    ak[i] = 0.25f + 3.0f * (float) ((i * 37) % hd) / hd;
+                    aq[i] = 1.0f / ak[i];
+                }
+                for (int64_t t = 0; t < nt; ++t) {
+                    for (int64_t h = 0; h < nkv; ++h)
+                        for (int64_t i = 0; i < hd; ++i) kv[(t * nkv + h) * hd + i] = 1.0f + ak[i] * kv[(t * nkv + h) * hd + i];
+                    for (int64_t h = 0; h < nq; ++h)
+                        for (int64_t i = 0; i < hd; ++i) qv[(t * nq + h) * hd + i] *= aq[i];
+                }
+                ggml_tensor * k = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nkv, nt);
+                ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nq, nt);
+                fill(k, kv);
+                fill(q, qv);
+                ggml_tensor * km = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, 2 * n + 2);
+                float * kmd = (float *) km->data;
+                const auto s0 = gaussian(n, 33, 0.2f); // a stored s - 1 for KEEP
+                memset(kmd, 0, n * sizeof(float));
+                memcpy(kmd + n, s0.data(), n * sizeof(float));
+                kmd[2 * n] = mode == TQ_KMEAN_SET;
+                kmd[2 * n + 1] = mode == TQ_KMEAN_KEEP;
+                ggml_cgraph * gf = ggml_new_graph(c.ctx);
+                ggml_tensor * qs = q;
+                ggml_tensor * ks = tq_kbal_apply(c.ctx, gf, &qs, k, km, kq_scale, neox);
+                ggml_build_forward_expand(gf, qs);
+                ggml_build_forward_expand(gf, ks);
+                ggml_graph_compute_with_ctx(c.ctx, gf, 2);
+                const float * qo = (const float *) qs->data, * ko = (const float *) ks->data;
+                const bool set = mode == TQ_KMEAN_SET && nt >= TQ_KMEAN_MIN_TOKENS;
+
+                // the s in use, from the outputs
+                std::vector<double> su(n);
+                for (int64_t i = 0; i < n; ++i) su[i] = ko[i] / kv[i];
+                for (int64_t i = 0; i < n; ++i) {
+                    const double want = set ? 1.0 + kmd[n + i] : mode == TQ_KMEAN_KEEP ? 1.0 + s0[i] : 1.0;
+                    if (!set && std::fabs(su[i] - want) > 1e-5 * want) return err.fail("neox %d nt %lld mode %d: s[%lld] %g, want %g", neox, (long long) nt, mode, (long long) i, su[i], want);
+                    if (set && std::fabs(su[i] - want) > 1e-5 * want) return err.fail("neox %d SET: s in use %g, stored %g", neox, su[i], want);
+                }
+                if (mode == TQ_KMEAN_SET && nt < TQ_KMEAN_MIN_TOKENS && kmd[n] != s0[0]) return err.fail("small SET ubatch wrote s");
+
+                // 1. logits unchanged
+                for (int64_t t = 0; t < nt; ++t)
+                    for (int64_t h = 0; h < nq; ++h)
+                        for (int64_t t2 = 0; t2 < nt; t2 += 3) {
+                            const int64_t hk = h / g;
+                            double a = 0, b = 0, sc = 0;
+                            for (int64_t i = 0; i < hd; ++i) {
+                                const float qi = qv[(t * nq + h) * hd + i], ki = kv[(t2 * nkv + hk) * hd + i];
+                                a += (double) qi * ki;
+                                b += (double) qo[(t * nq + h) * hd + i] * ko[(t2 * nkv + hk) * hd + i];
+                                sc += std::fabs((double) qi * ki);
+                            }
+                            if (std::fabs(a - b) > 1e-5 * sc) return err.fail("neox %d nt %lld mode %d: logit %g -> %g", neox, (long long) nt, mode, a, b);
+                        }
+                if (!set) continue;
+
+                // 2. the stored s (exact values, not ratios of outputs)
+                for (int64_t i = 0; i < n; ++i) su[i] = 1.0 + (double) kmd[n + i];
+                std::vector<double> rk(n, 0.0), mk(n, 0.0), rq(n, 0.0);
+                for (int64_t t = 0; t < nt; ++t)
+                    for (int64_t i = 0; i < n; ++i) { mk[i] += kv[t * n + i] / nt; rk[i] += (double) kv[t * n + i] * kv[t * n + i] / nt; }
+                // attention-weighted: w_j = causal softmax(kq_scale q.k_j) averaged over queries
+                // and the query heads of the KV head; rk = sum_j w_j (k_j - mean)^2
+                std::fill(rk.begin(), rk.end(), 0.0);
+                for (int64_t h = 0; h < nkv; ++h) {
+                    std::vector<double> w(nt, 0.0);
+                    for (int64_t t = 0; t < nt; ++t)
+                        for (int64_t qh = h * g; qh < (h + 1) * g; ++qh) {
+                            std::vector<double> l(t + 1);
+                            double mx = -1e300, z = 0;
+                            for (int64_t j = 0; j <= t; ++j) {
+                                double dot = 0;
+                                for (int64_t i = 0; i < hd; ++i) dot += (double) qv[(t * nq + qh) * hd + i] * kv[(j * nkv + h) * hd + i];
+                                l[j] = kq_scale * dot;
+                                mx = std::max(mx, l[j]);
+                            }
+                            for (int64_t j = 0; j <= t; ++j) z += std::exp(l[j] - mx);
+                            for (int64_t j = 0; j <= t; ++j) w[j] += std::exp(l[j] - mx) / z / (double) (nt * g);
+                        }
+                    for (int64_t j = 0; j < nt; ++j)
+                        for (int64_t i = 0; i < hd; ++i) {
+                            const double x = kv[(j * nkv + h) * hd + i] - mk[h * hd + i];
+                            rk[h * hd + i] += w[j] * x * x;
+                        }
+                }
+                for (int64_t t = 0; t < nt; ++t)
+                    for (int64_t h = 0; h < nq; ++h)
+                        for (int64_t i = 0; i < hd; ++i) rq[(h / g) * hd + i] += (double) qv[(t * nq + h) * hd + i] * qv[(t * nq + h) * hd + i] / (nt * g);
+                for (int64_t h = 0; h < nkv; ++h) {
+                    double e0 = 0, e1 = 0;
+                    for (int64_t i = 0; i < hd; ++i) {
+                        const int64_t a = h * hd + i;
+                        const int64_t p = h * hd + (neox ? (i < hd / 2 ? i + hd / 2 : i - hd / 2) : (i ^ 1));
+                        if (su[a] != su[p]) return err.fail("neox %d: s differs inside a RoPE pair: %g vs %g", neox, su[a], su[p]);
+                        if (su[a] < 1.0 / TQ_KBAL_MAX * (1 - 1e-6) || su[a] > TQ_KBAL_MAX * (1 + 1e-6)) return err.fail("s %g out of range", su[a]);
+                        e0 += rk[a];
+                        e1 += su[a] * su[a] * rk[a];
+                    }
+                    if (std::fabs(e1 - e0) > 1e-3 * e0) return err.fail("neox %d head %lld: |s k|^2 %g, |k|^2 %g", neox, (long long) h, e1, e0);
+                    // s^4 ratio between two pairs equals their (tied) energy ratio ratio
+                    auto tied = [&](const std::vector<double> & r, int64_t i) {
+                        const int64_t p = neox ? (i < hd / 2 ? i + hd / 2 : i - hd / 2) : (i ^ 1);
+                        return 0.5 * (r[h * hd + i] + r[h * hd + p]);
+                    };
+                    for (int64_t i = 2; i < hd / 2; i += 5) {
+                        const double want = (tied(rq, i) / tied(rk, i)) / (tied(rq, 0) / tied(rk, 0));
+                        const double got = std::pow(su[h * hd + i] / su[h * hd + 0], 4);
+                        if (std::fabs(got - want) > 1e-3 * want) return err.fail("neox %d: s^4 ratio %g, want %g", neox, got, want);
+                    }
+                }
+
+                // 3a. the targeted error goes down: E|q/s|^2 E|s (k - mk)|^2 < E|q|^2 E|k - mk|^2
+                double qq = 0, kk = 0, qqs = 0, kks = 0;
+                for (int64_t h = 0; h < nkv; ++h)
+                    for (int64_t i = 0; i < hd; ++i) {
+                        const int64_t a = h * hd + i;
+                        qq += rq[a]; kk += rk[a];
+                        qqs += rq[a] / (su[a] * su[a]); kks += rk[a] * su[a] * su[a];
+                    }
+                // 0.57 of it for these profiles
+                if (!(qqs * kks < 0.7 * qq * kk)) return err.fail("neox %d: balancing does not lower the logit error: %g vs %g", neox, qqs * kks, qq * kk);
+
+                // 3b. rope(s k) == s rope(k) for this rope type
+                ggml_tensor * pos = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt);
+                for (int64_t t = 0; t < nt; ++t) ((int32_t *) pos->data)[t] = (int32_t) (7 + 13 * t);
+                const int rt = neox ? GGML_ROPE_TYPE_NEOX : 0;
+                auto rope = [&](ggml_tensor * x) {
+                    return ggml_rope_ext(c.ctx, x, pos, nullptr, hd, rt, 0, 10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
+                };
+                ggml_tensor * sv = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nkv, 1);
+                for (int64_t i = 0; i < n; ++i) ((float *) sv->data)[i] = (float) su[i];
+                ggml_tensor * x1 = rope(ggml_mul(c.ctx, k, sv));
+                ggml_tensor * x2 = ggml_mul(c.ctx, rope(k), sv);
+                compute(c.ctx, x1);
+                compute(c.ctx, x2);
+                auto v1 = decode(x1), v2 = decode(x2);
+                for (size_t i = 0; i < v1.size(); ++i)
+                    if (std::fabs(v1[i] - v2[i]) > 1e-4 * (1 + std::fabs(v2[i]))) return err.fail("neox %d: rope(s k) != s rope(k) at %zu: %g vs %g", neox, i, v1[i], v2[i]);
+            }
         }
     }
     return 0;
