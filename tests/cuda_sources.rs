@@ -116,7 +116,10 @@ fn patch_hooks_every_cuda_table() {
             "TQ_CUDA_SET_ROWS_SUPPORTED",
         ),
         ("ggml/src/ggml-cuda/ggml-cuda.cu", "TQ_CUDA_CPY_SUPPORTED"),
-        ("ggml/src/ggml-cuda/ggml-cuda.cu", "TQ_CUDA_MUL_MAT_SUPPORTED"),
+        (
+            "ggml/src/ggml-cuda/ggml-cuda.cu",
+            "TQ_CUDA_MUL_MAT_SUPPORTED",
+        ),
         (
             "tests/test-backend-ops.cpp",
             "tq_make_test_cases(test_cases)",
@@ -154,7 +157,10 @@ fn patch_hooks_every_cuda_table() {
         .lines()
         .filter(|l| l.starts_with('+') && l.contains("TQ_CUDA_MUL_MAT_VIA_CUBLAS(src0->type)"))
         .count();
-    assert_eq!(via, 2, "ggml-cuda.cu: mul_mat and the mmvq fusion check both need the hook");
+    assert_eq!(
+        via, 2,
+        "ggml-cuda.cu: mul_mat and the mmvq fusion check both need the hook"
+    );
     assert_eq!(n("dequantize_block_cont_cuda"), 3);
     assert_eq!(n("dequantize_block_cuda"), 3);
 }
