@@ -87,9 +87,9 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
  * Schwarz) at s_c^4 = E[q_c^2] / sum_j p_j x_jc^2: the channels the queries weigh most get
  * the finest quantization, judged on the keys they actually attend to. Nothing is fitted to
  * a corpus; s is this formula on the first ubatch (its own causal attention, kq_scale).
- * Weighting by p matters: with a plain mean over keys, SmolLM2's attention KL in a
- * simulation got 45% worse (its sink keys have another channel profile); with p it is
- * neutral there and 2.7x better on Gemma 3 (docs/BENCHMARKS.md).
+ * Weighting by p matters: with a plain mean over keys, SmolLM2's turbo4 KLD got 13% worse
+ * (its sink keys have another channel profile). With p, measured KLD: Gemma 3 2-3x lower,
+ * SmolLM2 between -6% and +12% by pair (docs/BENCHMARKS.md).
  *
  * - Chosen with m (same SET/KEEP/ZERO modes, same ubatch); E[q_c^2] is over the ubatch's
  *   tokens and the query heads sharing the KV head.
