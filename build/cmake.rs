@@ -71,6 +71,32 @@ fn cuda_args() -> Vec<String> {
     a
 }
 
+/// Compiler flags that keep upstream's AMX matmul out of the build. GGML_NATIVE compiles
+/// ggml-cpu with -march=native, which on an AMX Xeon defines __AMX_INT8__ and turns on
+/// ggml's AMX weight-repack path (ggml-cpu/amx/); that path crashes at the first decode of
+/// the pinned llama.cpp (issue 12; upstream's report was closed without a fix). -mno-amx-*
+/// wins over -march whatever their order, so every other native instruction set (AVX-512,
+/// VNNI, and ggml's AVX-512 repack) stays on. The tools say so at start-up
+/// (src/bin/shared/c_main.rs) and tests/no_amx.rs checks the build holds no AMX code.
+/// An explicit CFLAGS/CXXFLAGS from the environment is kept in front.
+pub const NO_AMX_FLAGS: &str = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16";
+
+fn no_amx_args() -> Vec<String> {
+    if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() != Ok("x86_64") {
+        return Vec::new();
+    }
+    println!("cargo:rerun-if-env-changed=CFLAGS");
+    println!("cargo:rerun-if-env-changed=CXXFLAGS");
+    let with = |var: &str| {
+        let user = std::env::var(var).unwrap_or_default();
+        format!("{user} {NO_AMX_FLAGS}").trim().to_string()
+    };
+    vec![
+        format!("-DCMAKE_C_FLAGS={}", with("CFLAGS")),
+        format!("-DCMAKE_CXX_FLAGS={}", with("CXXFLAGS")),
+    ]
+}
+
 fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
     let out = cmd
         .output()
@@ -123,6 +149,7 @@ pub fn build(root: &Path, src: &Path, build_dir: &Path) -> Result<(), String> {
         "-DTQ_BUILD_RPC_SERVER=ON",
     ]);
     cfg.arg(format!("-DTQ_EXT_DIR={}", ext.display()));
+    cfg.args(no_amx_args());
     if cuda() {
         cfg.args(cuda_args());
     }

@@ -1,51 +1,74 @@
 /*
- * tq-kmean.h - K mean removal for turbo K caches: graph pieces (C++, llama.cpp side).
+ * tq-kmean.h - K mean removal and K/Q channel balancing for turbo K caches: graph pieces
+ * (C++, llama.cpp side). Host side: tq-llama-kv-cache.inc.
  *
  * Why: attention only sees q.k through a softmax over keys, and softmax ignores a constant
  * added to every logit. Storing k - m instead of k (m: one vector per layer and KV head,
  * the same for every cell) shifts every logit of a query by -q.m, so attention is exactly
- * unchanged. In small models keys share a large common component; the codec's error is
- * proportional to |k|, so taking that component out before quantizing cuts the error on
- * the part of k that softmax actually sees. Measured on SmolLM2-135M (docs/BENCHMARKS.md):
- * turbo3 KLD 0.264 -> 0.147, turbo4 0.062 -> 0.037.
+ * unchanged. Keys share a large common component; the codec's error is proportional to
+ * |k|, so taking that component out before quantizing cuts the error on the part of k that
+ * softmax actually sees (docs/BENCHMARKS.md has the measurements).
  *
- * Invariant: every key in the cache was stored with the same m. So m is chosen only when
- * the cache holds no cell at all (the first ubatch after it became empty) and never changes
- * while a key stored with it exists:
- *   - SET:  the cache is empty and the ubatch has >= TQ_KMEAN_MIN_TOKENS tokens: m = the
- *           mean of this ubatch's keys (below that, the first token - an attention sink in
- *           most models - would dominate the estimate);
- *   - ZERO: the cache is empty and the ubatch is small: m = 0 (plain behaviour);
- *   - KEEP: otherwise m = the stored one.
- * Any m keeps attention exact; the choice only moves quantization error. The mode lives in
- * the layer's k_mean tensor itself ([m | w_set, w_keep], f32), written by the host only when
- * it changes, so the graph has the same shape in every mode and llama's graph reuse is safe.
+ * Which m: keys are stored after RoPE, which turns channel pair i of the key at position p
+ * by p * w_i. A common pre-RoPE component mu therefore shows up at position p as
+ * e^{i p w_i} mu_i (pairs as complex numbers), and the best single m for keys at
+ * positions 0..N-1 (N: the positions the cache holds) is a_N mu, a_N = mean_p e^{i p w_i}:
+ * the full mean on pairs that barely turn over the context, a shrunk one on pairs that
+ * turn part way, nothing on pairs that spin. A mean taken over the first ubatch alone is
+ * right for that ubatch's positions and can double the offset of mid-frequency pairs at
+ * later positions. The first ubatch's mean kbar estimates a_B mu (a_B: the same average
+ * over its positions), so m = F kbar with F = a_N conj(a_B) / max(|a_B|^2, |a_N| |a_B|):
+ * a_N / a_B where the ubatch pins mu down, a pure phase where it cannot (|F| <= 1, so noise
+ * is never amplified), exactly 1 when the ubatch covers the cache's positions. In expected
+ * residual energy this is never worse than no mean. F is a per-pair 2x2 block (a scaled
+ * rotation) that the host computes from the RoPE frequencies (tq-llama-kv-cache.inc) and
+ * stores as a [head_dim x head_dim] matrix M beside m. Any m keeps attention exact; F
+ * only decides how much quantization error it removes.
+ *
+ * Invariant: every key in the cache was stored with the same m and s. So they are chosen
+ * only when the cache holds no cell at all (the first ubatch after it became empty) and
+ * never change while a key stored with them exists:
+ *   - SET:  the cache is empty and the ubatch has >= TQ_KMEAN_MIN_TOKENS tokens: statistics
+ *           from this ubatch (below that, the first token - an attention sink in most
+ *           models - would dominate the estimate);
+ *   - ZERO: the cache is empty and the ubatch is small: m = 0, s = 1 (plain behaviour);
+ *   - KEEP: otherwise the stored ones.
+ * The mode is part of the graph's shape: only a SET graph computes statistics, and a KEEP
+ * graph (every decode step) costs a multiply and a subtraction per side. The host decides
+ * the mode before the graph is built or reused (tq-llama-kv-cache.inc), and M reaches a SET
+ * graph as an input tensor, so nothing is written to a backend buffer outside the graph
+ * (on a GPU such a write could land while the previous ubatch still computes).
+ * Layout of a layer's k_mean tensor (f32): [m (n) | s - 1 (n, balancing only)],
+ * n = head_dim * n_head_kv; m and s live in the model's channel frame (before the cache's
+ * rotation), which is where RoPE pairs are channel pairs. It is all saved state carries.
  *
  * Where softmax invariance does not hold it is off: logit soft-capping (tanh before
  * softmax), attention sinks (an extra logit that is not shifted), MLA and partial RoPE
  * (the K shift below assumes the whole head is roped). TQ_K_MEAN=0 turns it off.
- * K shift (context shift, seq_add) re-ropes stored keys: rope(k) - m is recovered as
- * rope_d(stored + m) - m, see tq_kmean_unshift/tq_kmean_reshift.
- * Saved state carries m per layer; see tq-llama-kv-cache.inc.
+ * K shift (context shift, seq_add) re-ropes stored keys: s*rope(k) - m is recovered as
+ * rope_d(stored + m) - m in the channel frame, see tq_kmean_unshift/tq_kmean_reshift.
+ * Saved state carries m and s per layer; see tq-llama-kv-cache.inc.
  */
 #ifndef TQ_KMEAN_H
 #define TQ_KMEAN_H
 
 #include "ggml.h"
 
+#include <algorithm>
+#include <complex>
+
 
 #define TQ_KMEAN_MIN_TOKENS 32
 
-/* Graph tensors K mean removal and K/Q balancing may add per layer (about 12 + 70 on a
-   prefill ubatch), added to llama's graph budget (llama_context::graph_max_nodes). */
+/* Graph tensors K mean removal and K/Q balancing may add per layer on a prefill ubatch,
+   added to llama's graph budget (llama_context::graph_max_nodes). */
 #define TQ_KMEAN_GRAPH_NODES_PER_LAYER 128u
 
 enum tq_kmean_mode { TQ_KMEAN_ZERO = 0, TQ_KMEAN_SET = 1, TQ_KMEAN_KEEP = 2 };
 
-/* Layout of a layer's k_mean tensor (f32): [m (n) | s - 1 (n, only with balancing) | w_set, w_keep],
-   n = head_dim * n_head_kv. */
-static inline ggml_tensor * tq_kmean_weight(ggml_context * ctx, ggml_tensor * k_mean, int i) {
-    return ggml_view_1d(ctx, k_mean, 1, (size_t) (k_mean->ne[0] - 2 + i) * sizeof(float));
+/* Floats of a layer's k_mean tensor: m, and s - 1 with balancing. */
+static inline int64_t tq_kmean_floats(int64_t head_dim, int64_t n_head_kv, bool balance) {
+    return (balance ? 2 : 1) * head_dim * n_head_kv;
 }
 
 /* The stored mean of a layer as [head_dim, n_head_kv]. */
@@ -53,27 +76,34 @@ static inline ggml_tensor * tq_kmean_view(ggml_context * ctx, ggml_tensor * k_me
     return ggml_view_2d(ctx, k_mean, head_dim, n_head, head_dim * sizeof(float), 0);
 }
 
-/* k_cur [head_dim, n_head_kv, n_tokens] (already rotated) -> k_cur - m, and m written back
-   into k_mean. Returns k_cur unchanged when k_mean is NULL. */
-static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * k_cur, ggml_tensor * k_mean) {
-    if (!k_mean) {
-        return k_cur;
+/* The position map M (row-major [hd x hd], written to M): per RoPE pair i (channels 2i, 2i+1,
+   or i, i + half with neox) of angular frequency w[i] the scaled rotation
+   F = a_N conj(a_B) / max(|a_B|^2, |a_N| |a_B|), a_N = mean of e^{i p w} over p = 0..n_pos-1,
+   a_B over the ubatch's positions pos[0..n_tok-1]; the identity on channels past 2 * half. */
+static inline void tq_kmean_map(const double * w, int64_t half, int64_t hd, bool neox, const int32_t * pos,
+                                int64_t n_tok, uint32_t n_pos, float * M) {
+    std::fill(M, M + hd * hd, 0.0f);
+    for (int64_t i = 0; i < hd; ++i) {
+        M[i * hd + i] = 1.0f;
     }
-    const int64_t hd = k_cur->ne[0], nh = k_cur->ne[1], n = hd * nh;
-    GGML_ASSERT(k_mean->ne[0] == n + 2 || k_mean->ne[0] == 2 * n + 2);
-
-    // mean over the ubatch's tokens: tokens to dim 0, then a row mean
-    ggml_tensor * kt = ggml_cont(ctx, ggml_permute(ctx, k_cur, 1, 2, 0, 3)); // [n_tokens, hd, nh]
-    ggml_tensor * batch_mean = ggml_reshape_2d(ctx, ggml_mean(ctx, kt), hd, nh);
-
-    ggml_tensor * stored = tq_kmean_view(ctx, k_mean, hd, nh);
-    ggml_tensor * w_set  = tq_kmean_weight(ctx, k_mean, 0);
-    ggml_tensor * w_keep = tq_kmean_weight(ctx, k_mean, 1);
-
-    ggml_tensor * m = ggml_add(ctx, ggml_mul(ctx, batch_mean, w_set), ggml_mul(ctx, stored, w_keep));
-    ggml_build_forward_expand(gf, ggml_cpy(ctx, m, stored));
-
-    return ggml_sub(ctx, k_cur, ggml_reshape_3d(ctx, m, hd, nh, 1));
+    for (int64_t i = 0; i < half && n_tok > 0 && n_pos > 0; ++i) {
+        std::complex<double> aB = 0.0;
+        for (int64_t j = 0; j < n_tok; ++j) {
+            aB += std::polar(1.0, w[i] * pos[j]);
+        }
+        aB /= (double) n_tok;
+        // mean of e^{ipw} over p < N: (1 - e^{iNw}) / (N (1 - e^{iw})), or 1 as w -> 0 (mod 2 pi)
+        const std::complex<double> z = std::polar(1.0, w[i]);
+        const std::complex<double> aN = std::abs(1.0 - z) < 1e-12 ? std::complex<double>(1.0)
+                                      : (1.0 - std::polar(1.0, w[i] * n_pos)) / ((double) n_pos * (1.0 - z));
+        const double den = std::max(std::norm(aB), std::abs(aN) * std::abs(aB));
+        const std::complex<double> F = den > 0.0 ? aN * std::conj(aB) / den : 0.0;
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        M[a * hd + a] = (float) F.real();
+        M[a * hd + b] = (float) -F.imag();
+        M[b * hd + a] = (float) F.imag();
+        M[b * hd + b] = (float) F.real();
+    }
 }
 
 /*
@@ -81,32 +111,32 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
  *
  * Why: q.k = (q / s).(s * k) for any per-channel s > 0, so storing s * k and attending with
  * q / s leaves every logit exactly unchanged. The codec's error on a rotated key j is spread
- * evenly over the channels with energy ~ |s * x_j|^2 (x_j = k_j - mean), and reaches the
- * logit through q / s. What the softmax output feels is that error weighted by the attention
- * p_j the key gets, so the cost is ~ E|q / s|^2 * sum_j p_j |s * x_j|^2, smallest (Cauchy-
+ * evenly over the channels with energy ~ |s * x_j|^2 (x_j = k_j - m), and reaches the logit
+ * through q / s. What the softmax output feels is that error weighted by the attention p_j
+ * the key gets, so the cost is ~ E|q / s|^2 * sum_j p_j |s * x_j|^2, smallest (Cauchy-
  * Schwarz) at s_c^4 = E[q_c^2] / sum_j p_j x_jc^2: the channels the queries weigh most get
  * the finest quantization, judged on the keys they actually attend to. Nothing is fitted to
  * a corpus; s is this formula on the first ubatch (its own causal attention, kq_scale).
- * Weighting by p matters: with a plain mean over keys, SmolLM2's turbo4 KLD got 13% worse
- * (its sink keys have another channel profile). With p, measured KLD: Gemma 3 2-3x lower,
- * SmolLM2 between -6% and +12% by pair (docs/BENCHMARKS.md).
+ * Weighting by p matters: SmolLM2's sink keys have another channel profile than the rest.
+ *
+ * The key energy is the one the stored keys will have at every position the cache holds,
+ * not only at the first ubatch's: per RoPE pair, E_p |e^{ipw} u_j - m|^2 averaged over the
+ * cache's positions is |k_j|^2 - 2 Re(conj(m) a_N u_j) + |m|^2, and a_N u_j averaged with
+ * the weights p_j is estimated as F kbar_w (kbar_w: the p-weighted key mean), the same map
+ * that gives m = F kbar. Summed over a pair this is >= 0 because |F| <= 1.
  *
  * - Chosen with m (same SET/KEEP/ZERO modes, same ubatch); E[q_c^2] is over the ubatch's
  *   tokens and the query heads sharing the KV head.
  * - s is equal on the two channels of every RoPE pair (adjacent for LLAMA_ROPE_TYPE_NORM,
- *   halves otherwise), so s commutes with RoPE and the K shift needs no change.
+ *   halves otherwise), so s commutes with RoPE and with M, and the K shift needs no change.
  * - Normalised per KV head so that the weighted |s * x|^2 keeps its energy (the fp16 block
  *   scales stay in range), then clamped to [1/8, 8] so q / s stays far from overflow in the
  *   f16 query of the tensor-core path.
- * - Stored as s - 1 in k_mean after m ([m | s - 1 | w_set, w_keep]): a cleared buffer (ZERO
- *   mode) reads as s = 1.
- * Applied before the rotation (channels are the model's own there), m after it.
+ * - Stored as s - 1 after m: a cleared buffer (ZERO mode) reads as s = 1. The stored m is
+ *   the mean of the balanced keys, s * F kbar.
  */
 #define TQ_KBAL_MAX 8.0f
-
-static inline bool tq_kbal_on(const ggml_tensor * k_mean, int64_t n) {
-    return k_mean && k_mean->ne[0] == 2 * n + 2;
-}
+#define TQ_KBAL_QUERIES 64
 
 /* x [hd, nh] contiguous -> each RoPE pair replaced by the mean of its two channels. */
 static inline ggml_tensor * tq_kbal_tie_pairs(ggml_context * ctx, ggml_tensor * x, bool neox) {
@@ -120,73 +150,98 @@ static inline ggml_tensor * tq_kbal_tie_pairs(ggml_context * ctx, ggml_tensor * 
     return ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, r, 1, 0, 2, 3)), hd, nh);
 }
 
-/* Before the rotation: q_cur [hd, n_head, n_tokens] -> q / s, k_cur [hd, n_head_kv, n_tokens]
-   -> s * k, and s written back into k_mean. No-op unless k_mean carries balancing. */
-static inline ggml_tensor * tq_kbal_apply(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor ** q_cur,
-                                          ggml_tensor * k_cur, ggml_tensor * k_mean, float kq_scale, bool neox) {
-    if (!k_cur || !tq_kbal_on(k_mean, k_cur->ne[0] * k_cur->ne[1])) {
+/* s from this ubatch (SET statistics): kt [nt, hd, nkv] keys, q [hd, nq, nt], M the
+   position map, m_b = M kbar. Returns s [hd, nkv]. */
+static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * kt, ggml_tensor * k_cur, ggml_tensor * q,
+                                          ggml_tensor * map, ggml_tensor * m_b, float kq_scale, bool neox) {
+    const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2];
+    const int64_t nq = q->ne[1], g = nq / nkv;
+    // Which keys' errors matter: those the queries attend to. w_j = attention to key j
+    // within this ubatch (causal, the model's kq_scale), averaged over its last queries (they
+    // see every key; TQ_KBAL_QUERIES of them bound the cost to a fraction of the ubatch's own
+    // attention) and the g query heads of each KV head.
+    const int64_t nql = std::min<int64_t>(nt, TQ_KBAL_QUERIES);
+    ggml_tensor * kp = ggml_cont(ctx, ggml_permute(ctx, k_cur, 0, 2, 1, 3));                         // [hd, nt, nkv]
+    ggml_tensor * ql = ggml_view_3d(ctx, q, hd, nq, nql, q->nb[1], q->nb[2], (size_t) (nt - nql) * q->nb[2]);
+    ggml_tensor * qp = ggml_cont(ctx, ggml_permute(ctx, ql, 0, 2, 1, 3));                            // [hd, nql, nq]
+    ggml_tensor * p  = ggml_soft_max(ctx, ggml_diag_mask_inf(ctx, ggml_scale(ctx, ggml_mul_mat(ctx, kp, qp), kq_scale), (int) (nt - nql))); // [nt_k, nql, nq]
+    ggml_tensor * w  = ggml_mean(ctx, ggml_cont(ctx, ggml_permute(ctx, p, 1, 0, 2, 3)));             // [1, nt_k, nq]
+    w = ggml_mean(ctx, ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, w, nt, g, nkv), 1, 0, 2, 3))); // [1, nt, nkv]
+    ggml_tensor * w3 = ggml_reshape_3d(ctx, w, nt, 1, nkv);
+    // the key energy left after m at the cache's positions: sum_j w_j k_j^2 - 2 m (M kbar_w) + m^2
+    ggml_tensor * e2 = ggml_reshape_2d(ctx, ggml_mul_mat(ctx, ggml_sqr(ctx, kt), w3), hd, nkv);
+    ggml_tensor * kw = ggml_reshape_2d(ctx, ggml_mul_mat(ctx, kt, w3), hd, nkv);
+    ggml_tensor * mw = ggml_mul_mat(ctx, map, kw);
+    ggml_tensor * rk = ggml_add(ctx, ggml_sub(ctx, e2, ggml_scale(ctx, ggml_mul(ctx, m_b, mw), 2.0f)), ggml_sqr(ctx, m_b));
+    rk = ggml_clamp(ctx, tq_kbal_tie_pairs(ctx, rk, neox), 1e-20f, 1e20f);
+    // query energy per channel over tokens and the g query heads of each KV head
+    ggml_tensor * qt = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, g, nkv, nt), 2, 0, 3, 1)); // [g, nt, hd, nkv]
+    ggml_tensor * rq = ggml_mean(ctx, ggml_sqr(ctx, ggml_reshape_3d(ctx, qt, g * nt, hd, nkv)));
+    rq = ggml_clamp(ctx, ggml_reshape_2d(ctx, rq, hd, nkv), 1e-20f, 1e20f);
+    rq = tq_kbal_tie_pairs(ctx, rq, neox);
+
+    // s = (rq / rk)^(1/4), the ratio bounded so that nothing below overflows
+    ggml_tensor * s = ggml_sqrt(ctx, ggml_sqrt(ctx, ggml_clamp(ctx, ggml_div(ctx, rq, rk), 1e-12f, 1e12f)));
+    // keep |s x|^2 = |x|^2 per KV head
+    ggml_tensor * e0 = ggml_sum_rows(ctx, rk);
+    ggml_tensor * e1 = ggml_sum_rows(ctx, ggml_mul(ctx, ggml_sqr(ctx, s), rk));
+    s = ggml_mul(ctx, s, ggml_sqrt(ctx, ggml_div(ctx, e0, e1)));
+    return ggml_clamp(ctx, s, 1.0f / TQ_KBAL_MAX, TQ_KBAL_MAX);
+}
+
+/* Before the cache's rotation: k_cur [hd, n_head_kv, n_tokens] (roped) -> s * k - m and
+   q_cur [hd, n_head, n_tokens] -> q / s (balancing only), as the mode says (SET needs the
+   position map `map` [hd, hd] and >= TQ_KMEAN_MIN_TOKENS tokens, and writes m and s back into
+   k_mean; ZERO writes m = 0, s = 1). Returns k_cur unchanged when k_mean is NULL. */
+static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor ** q_cur, ggml_tensor * k_cur,
+                                           ggml_tensor * k_mean, int mode, ggml_tensor * map, float kq_scale, bool neox) {
+    if (!k_cur || !k_mean) {
+        return k_cur;
+    }
+    const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2], n = hd * nkv;
+    const bool bal = k_mean->ne[0] == tq_kmean_floats(hd, nkv, true);
+    GGML_ASSERT(bal || k_mean->ne[0] == tq_kmean_floats(hd, nkv, false));
+    GGML_ASSERT(mode != TQ_KMEAN_SET || (map && nt >= TQ_KMEAN_MIN_TOKENS));
+    ggml_tensor * m_st = tq_kmean_view(ctx, k_mean, hd, nkv);
+    ggml_tensor * d_st = bal ? ggml_view_2d(ctx, k_mean, hd, nkv, hd * sizeof(float), (size_t) n * sizeof(float)) : nullptr; // s - 1
+    if (mode == TQ_KMEAN_ZERO) {
+        // the plain cache; what KEEP ubatches will read is m = 0, s = 1 (the stored values are
+        // finite, so scaling by 0 clears them)
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_scale(ctx, k_mean, 0.0f), k_mean));
         return k_cur;
     }
     ggml_tensor * q = *q_cur;
-    const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2], n = hd * nkv;
-    const int64_t nq = q->ne[1], g = nq / nkv;
-    GGML_ASSERT(q->ne[0] == hd && nq % nkv == 0 && q->ne[2] == nt && hd % 2 == 0);
+    GGML_ASSERT(q->ne[0] == hd && q->ne[1] % nkv == 0 && q->ne[2] == nt && hd % 2 == 0);
     if (!ggml_is_contiguous(q)) {
         q = ggml_cont(ctx, q);
     }
     if (!ggml_is_contiguous(k_cur)) {
         k_cur = ggml_cont(ctx, k_cur);
     }
-
-    ggml_tensor * stored = ggml_view_2d(ctx, k_mean, hd, nkv, hd * sizeof(float), (size_t) n * sizeof(float));
-    ggml_tensor * d; // s - 1
-    if (nt < TQ_KMEAN_MIN_TOKENS) {
-        // SET needs a ubatch this large, so the mode is KEEP or ZERO: no statistics (decode
-        // stays a single multiply per side)
-        d = ggml_mul(ctx, stored, tq_kmean_weight(ctx, k_mean, 1));
-    } else {
-        // Which keys' errors matter: those the queries attend to. w_j = attention to key j
-        // within this ubatch (causal, the model's kq_scale), averaged over its queries and the
-        // g query heads of each KV head.
-        ggml_tensor * kp = ggml_cont(ctx, ggml_permute(ctx, k_cur, 0, 2, 1, 3));                         // [hd, nt, nkv]
-        ggml_tensor * qp = ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3));                             // [hd, nt, nq]
-        ggml_tensor * p  = ggml_soft_max(ctx, ggml_diag_mask_inf(ctx, ggml_scale(ctx, ggml_mul_mat(ctx, kp, qp), kq_scale), 0)); // [nt_k, nt_q, nq]
-        ggml_tensor * w  = ggml_mean(ctx, ggml_cont(ctx, ggml_permute(ctx, p, 1, 0, 2, 3)));             // [1, nt_k, nq]
-        w = ggml_mean(ctx, ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, w, nt, g, nkv), 1, 0, 2, 3))); // [1, nt, nkv]
-        // attention-weighted centred key energy per channel: sum_j w_j (k_j - E[k])^2
-        ggml_tensor * kt = ggml_cont(ctx, ggml_permute(ctx, k_cur, 1, 2, 0, 3));                         // [nt, hd, nkv]
-        ggml_tensor * kc = ggml_sub(ctx, kt, ggml_mean(ctx, kt));
-        ggml_tensor * rk = ggml_mul_mat(ctx, ggml_sqr(ctx, kc), ggml_reshape_3d(ctx, w, nt, 1, nkv));     // [hd, 1, nkv]
-        rk = ggml_clamp(ctx, ggml_reshape_2d(ctx, rk, hd, nkv), 1e-20f, 1e20f);
-        // query energy per channel over tokens and the g query heads of each KV head
-        ggml_tensor * qt = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, g, nkv, nt), 2, 0, 3, 1)); // [g, nt, hd, nkv]
-        ggml_tensor * rq = ggml_mean(ctx, ggml_sqr(ctx, ggml_reshape_3d(ctx, qt, g * nt, hd, nkv)));
-        rq = ggml_clamp(ctx, ggml_reshape_2d(ctx, rq, hd, nkv), 1e-20f, 1e20f);
-        rk = tq_kbal_tie_pairs(ctx, rk, neox);
-        rq = tq_kbal_tie_pairs(ctx, rq, neox);
-
-        // s = (rq / rk)^(1/4), the ratio bounded so that nothing below overflows
-        ggml_tensor * s = ggml_sqrt(ctx, ggml_sqrt(ctx, ggml_clamp(ctx, ggml_div(ctx, rq, rk), 1e-12f, 1e12f)));
-        // keep |s k|^2 = |k|^2 per KV head
-        ggml_tensor * e0 = ggml_sum_rows(ctx, rk);
-        ggml_tensor * e1 = ggml_sum_rows(ctx, ggml_mul(ctx, ggml_sqr(ctx, s), rk));
-        s = ggml_mul(ctx, s, ggml_sqrt(ctx, ggml_div(ctx, e0, e1)));
-        s = ggml_clamp(ctx, s, 1.0f / TQ_KBAL_MAX, TQ_KBAL_MAX);
-
-        // s - 1 = w_set (s_batch - 1) + w_keep (s_stored - 1)
-        d = ggml_add(ctx, ggml_mul(ctx, ggml_scale_bias(ctx, s, 1.0f, -1.0f), tq_kmean_weight(ctx, k_mean, 0)),
-                     ggml_mul(ctx, stored, tq_kmean_weight(ctx, k_mean, 1)));
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, d, stored));
+    ggml_tensor * m_use = m_st;
+    ggml_tensor * s_use = bal ? ggml_scale_bias(ctx, d_st, 1.0f, 1.0f) : nullptr;
+    if (mode == TQ_KMEAN_SET) {
+        ggml_tensor * kt   = ggml_cont(ctx, ggml_permute(ctx, k_cur, 1, 2, 0, 3));                        // [nt, hd, nkv]
+        ggml_tensor * kbar = ggml_reshape_2d(ctx, ggml_mean(ctx, kt), hd, nkv);
+        m_use = ggml_mul_mat(ctx, map, kbar);                                                            // F kbar
+        if (bal) {
+            s_use = tq_kbal_scale(ctx, kt, k_cur, q, map, m_use, kq_scale, neox);
+            m_use = ggml_mul(ctx, m_use, s_use);
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_scale_bias(ctx, s_use, 1.0f, -1.0f), d_st));
+        }
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, m_use, m_st));
     }
-    ggml_tensor * s_use = ggml_scale_bias(ctx, d, 1.0f, 1.0f);
-
-    ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, g, nkv, nt);
-    *q_cur = ggml_reshape_3d(ctx, ggml_div(ctx, q4, ggml_reshape_4d(ctx, s_use, hd, 1, nkv, 1)), hd, nq, nt);
-    return ggml_mul(ctx, k_cur, ggml_reshape_3d(ctx, s_use, hd, nkv, 1));
+    if (bal) {
+        const int64_t nq = q->ne[1], g = nq / nkv;
+        ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, g, nkv, nt);
+        *q_cur = ggml_reshape_3d(ctx, ggml_div(ctx, q4, ggml_reshape_4d(ctx, s_use, hd, 1, nkv, 1)), hd, nq, nt);
+        k_cur = ggml_mul(ctx, k_cur, ggml_reshape_3d(ctx, s_use, hd, nkv, 1));
+    }
+    return ggml_sub(ctx, k_cur, ggml_reshape_3d(ctx, m_use, hd, nkv, 1));
 }
 
-/* K shift: stored cells s = R rope(k) - m (R the rotation). Before rotating back and
-   re-roping, add m; after rotating forward again, subtract it. cur: f32 [hd, nh, cells]. */
+/* K shift, in the channel frame (after rotating stored cells back, before rotating them
+   forward again): stored s*rope(k) - m -> add m, re-rope, subtract m. cur: f32 [hd, nh, cells]. */
 static inline ggml_tensor * tq_kmean_unshift(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * k_mean) {
     return k_mean ? ggml_add(ctx, cur, tq_kmean_view(ctx, k_mean, cur->ne[0], cur->ne[1])) : cur;
 }

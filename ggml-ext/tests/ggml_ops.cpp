@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <complex>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -291,11 +292,11 @@ extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64
 }
 
 // K mean removal (tq-kmean.h), on f32 tensors so only the algebra is under test:
-// 1. tq_kmean_apply in its three modes: SET stores and subtracts the ubatch mean, KEEP the
-//    stored one, ZERO nothing;
+// 1. tq_kmean_apply in its three modes: SET stores and subtracts M times the ubatch mean,
+//    KEEP the stored one, ZERO nothing;
 // 2. attention over k - m equals attention over k (the softmax-invariance it relies on);
-// 3. a K shift of stored keys R rope_p(k) - m, done as llama's build_rope_shift does with
-//    tq_kmean_unshift / tq_kmean_reshift around it, equals R rope_{p+d}(k) - m.
+// 3. a K shift of stored keys R (rope_p(k) - m), done as llama's build_rope_shift does with
+//    tq_kmean_unshift / tq_kmean_reshift between its rotations, equals R (rope_{p+d}(k) - m).
 extern "C" int tq_test_kmean(char * err_buf, size_t cap) {
     Err err{ err_buf, cap };
     const int64_t hd = 64, nh = 3, nt = 40, n = hd * nh;
@@ -310,26 +311,41 @@ extern "C" int tq_test_kmean(char * err_buf, size_t cap) {
         return x;
     };
 
-    // 1. modes
+    // 1. modes, with the identity map (m = the ubatch mean) and with a map of random scaled
+    //    rotations on the channel pairs (m = M kbar)
     const auto m0 = gaussian(n, 22);
-    for (int mode : { TQ_KMEAN_SET, TQ_KMEAN_KEEP, TQ_KMEAN_ZERO }) {
+    for (bool ident : { true, false }) for (int mode : { TQ_KMEAN_SET, TQ_KMEAN_KEEP, TQ_KMEAN_ZERO }) {
         ggml_tensor * k = new3(kv, hd, nh, nt);
-        ggml_tensor * km = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, n + 2);
+        ggml_tensor * q = new3(gaussian(n * nt, 25), hd, nh, nt);
+        ggml_tensor * km = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, tq_kmean_floats(hd, nh, false));
         float * kmd = (float *) km->data;
         memcpy(kmd, m0.data(), n * sizeof(float));
-        kmd[n] = mode == TQ_KMEAN_SET;
-        kmd[n + 1] = mode == TQ_KMEAN_KEEP;
+        ggml_tensor * map = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, hd);
+        const float * M = (const float *) map->data;
+        std::vector<double> w(hd / 2);
+        std::vector<int32_t> pos(nt);
+        for (int64_t i = 0; i < hd / 2; ++i) w[i] = ident ? 0.0 : std::pow(10000.0, -2.0 * i / hd);
+        for (int64_t t = 0; t < nt; ++t) pos[t] = (int32_t) t;
+        tq_kmean_map(w.data(), hd / 2, hd, false, pos.data(), nt, ident ? nt : 4096, (float *) map->data);
         ggml_cgraph * gf = ggml_new_graph(c.ctx);
-        ggml_tensor * out = tq_kmean_apply(c.ctx, gf, k, km);
+        ggml_tensor * q0 = q;
+        ggml_tensor * out = tq_kmean_apply(c.ctx, gf, &q, k, km, mode, mode == TQ_KMEAN_SET ? map : nullptr, 0.125f, false);
+        if (q != q0) return err.fail("mean removal alone changed q");
         ggml_build_forward_expand(gf, out);
         ggml_graph_compute_with_ctx(c.ctx, gf, 2);
         const float * o = (const float *) out->data;
+        std::vector<double> mean(n, 0.0);
         for (int64_t i = 0; i < n; ++i) {
-            double mean = 0;
-            for (int64_t t = 0; t < nt; ++t) mean += kv[t * n + i];
-            mean /= nt;
-            const double want_m = mode == TQ_KMEAN_SET ? mean : mode == TQ_KMEAN_KEEP ? m0[i] : 0.0;
-            if (std::fabs(kmd[i] - want_m) > 1e-5 * (1 + std::fabs(want_m))) return err.fail("mode %d: stored mean[%lld] %g, want %g", mode, (long long) i, kmd[i], want_m);
+            for (int64_t t = 0; t < nt; ++t) mean[i] += kv[t * n + i];
+            mean[i] /= nt;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t h = i / hd, r = i % hd;
+            double mm = 0;
+            for (int64_t j = 0; j < hd; ++j) mm += (double) M[r * hd + j] * mean[h * hd + j];
+            if (ident && std::fabs(mm - mean[i]) > 1e-6 * (1 + std::fabs(mean[i]))) return err.fail("identity map moved the mean");
+            const double want_m = mode == TQ_KMEAN_SET ? mm : mode == TQ_KMEAN_KEEP ? m0[i] : 0.0;
+            if (std::fabs(kmd[i] - want_m) > 1e-5 * (1 + std::fabs(want_m))) return err.fail("ident %d mode %d: stored mean[%lld] %g, want %g", ident, mode, (long long) i, kmd[i], want_m);
             for (int64_t t = 0; t < nt; ++t) {
                 const double want = kv[t * n + i] - want_m;
                 if (std::fabs(o[t * n + i] - want) > 1e-5 * (1 + std::fabs(want))) return err.fail("mode %d: k-m at %lld,%lld: %g, want %g", mode, (long long) i, (long long) t, o[t * n + i], want);
@@ -383,9 +399,9 @@ extern "C" int tq_test_kmean(char * err_buf, size_t cap) {
             return ggml_reshape_3d(c.ctx, ggml_mul_mat(c.ctx, rot, ggml_reshape_2d(c.ctx, x, hd, nh * nt)), hd, nh, nt);
         };
         ggml_tensor * k = new3(kv, hd, nh, nt);
-        ggml_tensor * stored = tq_kmean_reshift(c.ctx, rotate(rope(k, pos)), km);
-        ggml_tensor * shifted = tq_kmean_reshift(c.ctx, rotate(rope(rotate(tq_kmean_unshift(c.ctx, stored, km)), shift)), km);
-        ggml_tensor * want = tq_kmean_reshift(c.ctx, rotate(rope(k, pos2)), km);
+        ggml_tensor * stored = rotate(tq_kmean_reshift(c.ctx, rope(k, pos), km));
+        ggml_tensor * shifted = rotate(tq_kmean_reshift(c.ctx, rope(tq_kmean_unshift(c.ctx, rotate(stored), km), shift), km));
+        ggml_tensor * want = rotate(tq_kmean_reshift(c.ctx, rope(k, pos2), km));
         compute(c.ctx, shifted);
         compute(c.ctx, want);
         auto sv = decode(shifted), wv = decode(want);
@@ -393,12 +409,55 @@ extern "C" int tq_test_kmean(char * err_buf, size_t cap) {
             if (std::fabs(sv[i] - wv[i]) > 2e-4 * (1 + std::fabs(wv[i]))) return err.fail("K shift with mean at %zu: %g, want %g", i, sv[i], wv[i]);
         }
     }
+
+    // 4. the position map: keys e^{ipw} mu (a pre-RoPE mean mu, RoPE frequency w) stored at
+    //    positions 0..N-1, the mean taken from a first ubatch at positions 0..B-1. Over the
+    //    cache's positions, the residual energy mean_p |e^{ipw} mu - m|^2 of m = F kbar is
+    //    never above no mean (|mu|^2) nor above the ubatch's own mean kbar (the estimator this
+    //    replaced), and is the optimum |mu|^2 (1 - |a_N|^2) where |a_B| >= |a_N|; with N = B
+    //    the map is the identity.
+    {
+        const int64_t hd4 = 64, half = hd4 / 2;
+        std::vector<double> w(half);
+        for (int64_t i = 0; i < half; ++i) w[i] = std::pow(100000.0, -2.0 * i / hd4) * (1.0 + 0.01 * i); // SmolLM2-like, not on a grid
+        for (int64_t B : { (int64_t) 64, (int64_t) 512 }) for (uint32_t N : { (uint32_t) B, 4096u, 32768u }) {
+            std::vector<int32_t> pos(B);
+            for (int64_t t = 0; t < B; ++t) pos[t] = (int32_t) t;
+            std::vector<float> M(hd4 * hd4);
+            tq_kmean_map(w.data(), half, hd4, false, pos.data(), B, N, M.data());
+            int n_opt = 0;
+            for (int64_t i = 0; i < half; ++i) {
+                const std::complex<double> mu(1.0, -0.5);
+                std::complex<double> aB = 0, aN = 0;
+                for (int64_t t = 0; t < B; ++t) aB += std::polar(1.0, w[i] * t) / (double) B;
+                for (uint32_t p = 0; p < N; ++p) aN += std::polar(1.0, w[i] * p) / (double) N;
+                const std::complex<double> kbar = aB * mu;
+                const int64_t a = 2 * i, b = 2 * i + 1;
+                const std::complex<double> m(M[a * hd4 + a] * kbar.real() + M[a * hd4 + b] * kbar.imag(),
+                                             M[b * hd4 + a] * kbar.real() + M[b * hd4 + b] * kbar.imag());
+                auto resid = [&](std::complex<double> mm) { // mean_p |e^{ipw} mu - mm|^2
+                    return std::norm(mu) - 2.0 * std::real(std::conj(mm) * aN * mu) + std::norm(mm);
+                };
+                const double e = std::norm(mu), r = resid(m), r_old = resid(kbar), r_opt = e * (1.0 - std::norm(aN));
+                if (std::abs(std::complex<double>(M[a * hd4 + a], M[b * hd4 + a])) > 1.0 + 1e-6) return err.fail("|F| > 1 at pair %lld", (long long) i);
+                if (r > e * (1 + 1e-6)) return err.fail("B %lld N %u pair %lld: residual %g above no mean %g", (long long) B, N, (long long) i, r, e);
+                if (r > r_old + 1e-6 * e) return err.fail("B %lld N %u pair %lld: residual %g above the ubatch mean's %g", (long long) B, N, (long long) i, r, r_old);
+                if (std::abs(aB) >= std::abs(aN)) {
+                    ++n_opt;
+                    if (std::fabs(r - r_opt) > 1e-5 * e) return err.fail("B %lld N %u pair %lld: residual %g, optimum %g", (long long) B, N, (long long) i, r, r_opt);
+                }
+                if (N == (uint32_t) B && (std::fabs(M[a * hd4 + a] - 1.0f) > 1e-6 || std::fabs(M[b * hd4 + a]) > 1e-6)) return err.fail("N = B: F != 1 at pair %lld", (long long) i);
+            }
+            if (n_opt < half / 2) return err.fail("B %lld N %u: only %d pairs where the ubatch pins the mean down", (long long) B, N, n_opt);
+        }
+    }
     return 0;
 }
 
 // K/Q channel balancing (tq-kmean.h), f32 only:
-// 1. every logit q.k is unchanged by tq_kbal_apply, in all three modes, for a prefill-sized
-//    ubatch (statistics computed) and a decode-sized one (stored s only);
+// 1. every logit q.k is unchanged by tq_kmean_apply with balancing (up to the mean's constant
+//    per query), in all three modes, for a prefill-sized ubatch (statistics computed) and a
+//    decode-sized one (stored s only); the map M is the identity here;
 // 2. SET stores s - 1 with s equal on every RoPE pair (adjacent or halves), within
 //    [1/8, 8], the attention-weighted centred key energy kept per KV head when nothing is
 //    clamped, and s^4 proportional to the pair's query energy over that key energy; KEEP
@@ -410,7 +469,7 @@ extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
     const int64_t hd = 64, nkv = 2, g = 3, nq = nkv * g, n = hd * nkv;
     const float kq_scale = 0.125f;
     for (bool neox : { false, true }) {
-        for (int64_t nt : { (int64_t) 40, (int64_t) 1 }) {
+        for (int64_t nt : { (int64_t) 40, (int64_t) (TQ_KBAL_QUERIES + 16), (int64_t) 1 }) {
             for (int mode : { TQ_KMEAN_SET, TQ_KMEAN_KEEP, TQ_KMEAN_ZERO }) {
                 Ctx c(64);
                 // channel c of keys ~ N(1, ak_c^2), of queries ~ N(0, aq_c^2), aq = 1 / ak: queries
@@ -431,46 +490,63 @@ extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
                 ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nq, nt);
                 fill(k, kv);
                 fill(q, qv);
-                ggml_tensor * km = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, 2 * n + 2);
+                if (mode == TQ_KMEAN_SET && nt < TQ_KMEAN_MIN_TOKENS) continue; // the host never picks it
+                ggml_tensor * km = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, tq_kmean_floats(hd, nkv, true));
                 float * kmd = (float *) km->data;
                 const auto s0 = gaussian(n, 33, 0.2f); // a stored s - 1 for KEEP
-                memset(kmd, 0, n * sizeof(float));
+                memset(kmd, 0, n * sizeof(float));      // stored m = 0
                 memcpy(kmd + n, s0.data(), n * sizeof(float));
-                kmd[2 * n] = mode == TQ_KMEAN_SET;
-                kmd[2 * n + 1] = mode == TQ_KMEAN_KEEP;
+                ggml_tensor * map = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, hd); // the identity
+                memset(map->data, 0, ggml_nbytes(map));
+                for (int64_t i = 0; i < hd; ++i) ((float *) map->data)[i * hd + i] = 1.0f;
                 ggml_cgraph * gf = ggml_new_graph(c.ctx);
                 ggml_tensor * qs = q;
-                ggml_tensor * ks = tq_kbal_apply(c.ctx, gf, &qs, k, km, kq_scale, neox);
+                ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, mode, mode == TQ_KMEAN_SET ? map : nullptr, kq_scale, neox);
                 ggml_build_forward_expand(gf, qs);
                 ggml_build_forward_expand(gf, ks);
                 ggml_graph_compute_with_ctx(c.ctx, gf, 2);
                 const float * qo = (const float *) qs->data, * ko = (const float *) ks->data;
                 const bool set = mode == TQ_KMEAN_SET && nt >= TQ_KMEAN_MIN_TOKENS;
 
-                // the s in use, from the outputs
+                // the s in use, from the outputs: ko = s k - m, m = 0 unless SET, where
+                // differences between tokens cancel it
                 std::vector<double> su(n);
-                for (int64_t i = 0; i < n; ++i) su[i] = ko[i] / kv[i];
+                for (int64_t i = 0; i < n; ++i) {
+                    if (!set) { su[i] = ko[i] / kv[i]; continue; }
+                    double mk = 0, mo = 0, sxy = 0, sxx = 0; // least-squares slope of ko over kv
+                    for (int64_t t = 0; t < nt; ++t) { mk += kv[t * n + i] / (double) nt; mo += ko[t * n + i] / (double) nt; }
+                    for (int64_t t = 0; t < nt; ++t) { sxy += (kv[t * n + i] - mk) * (ko[t * n + i] - mo); sxx += (kv[t * n + i] - mk) * (kv[t * n + i] - mk); }
+                    su[i] = sxy / sxx;
+                }
                 for (int64_t i = 0; i < n; ++i) {
                     const double want = set ? 1.0 + kmd[n + i] : mode == TQ_KMEAN_KEEP ? 1.0 + s0[i] : 1.0;
                     if (!set && std::fabs(su[i] - want) > 1e-5 * want) return err.fail("neox %d nt %lld mode %d: s[%lld] %g, want %g", neox, (long long) nt, mode, (long long) i, su[i], want);
-                    if (set && std::fabs(su[i] - want) > 1e-5 * want) return err.fail("neox %d SET: s in use %g, stored %g", neox, su[i], want);
+                    if (set && std::fabs(su[i] - want) > 1e-3 * want) return err.fail("neox %d SET: s in use %g, stored %g", neox, su[i], want);
                 }
-                if (mode == TQ_KMEAN_SET && nt < TQ_KMEAN_MIN_TOKENS && kmd[n] != s0[0]) return err.fail("small SET ubatch wrote s");
+                if (mode == TQ_KMEAN_ZERO && (kmd[0] != 0.0f || kmd[n] != 0.0f)) return err.fail("ZERO left a stored m or s - 1");
 
-                // 1. logits unchanged
+                // 1. logits unchanged up to one constant per query (softmax-invariant): the
+                //    difference between a query's logits on key t2 and on key 0 is kept
                 for (int64_t t = 0; t < nt; ++t)
-                    for (int64_t h = 0; h < nq; ++h)
-                        for (int64_t t2 = 0; t2 < nt; t2 += 3) {
-                            const int64_t hk = h / g;
-                            double a = 0, b = 0, sc = 0;
+                    for (int64_t h = 0; h < nq; ++h) {
+                        const int64_t hk = h / g;
+                        auto logits = [&](int64_t t2, double & a, double & b, double & sc) {
+                            a = b = sc = 0;
                             for (int64_t i = 0; i < hd; ++i) {
                                 const float qi = qv[(t * nq + h) * hd + i], ki = kv[(t2 * nkv + hk) * hd + i];
                                 a += (double) qi * ki;
                                 b += (double) qo[(t * nq + h) * hd + i] * ko[(t2 * nkv + hk) * hd + i];
                                 sc += std::fabs((double) qi * ki);
                             }
-                            if (std::fabs(a - b) > 1e-5 * sc) return err.fail("neox %d nt %lld mode %d: logit %g -> %g", neox, (long long) nt, mode, a, b);
+                        };
+                        double a0, b0, sc0;
+                        logits(0, a0, b0, sc0);
+                        for (int64_t t2 = 0; t2 < nt; t2 += 3) {
+                            double a, b, sc;
+                            logits(t2, a, b, sc);
+                            if (std::fabs((a - a0) - (b - b0)) > 1e-5 * (sc + sc0)) return err.fail("neox %d nt %lld mode %d: logit difference %g -> %g", neox, (long long) nt, mode, a - a0, b - b0);
                         }
+                    }
                 if (!set) continue;
 
                 // 2. the stored s (exact values, not ratios of outputs)
@@ -478,12 +554,14 @@ extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
                 std::vector<double> rk(n, 0.0), mk(n, 0.0), rq(n, 0.0);
                 for (int64_t t = 0; t < nt; ++t)
                     for (int64_t i = 0; i < n; ++i) { mk[i] += kv[t * n + i] / nt; rk[i] += (double) kv[t * n + i] * kv[t * n + i] / nt; }
-                // attention-weighted: w_j = causal softmax(kq_scale q.k_j) averaged over queries
-                // and the query heads of the KV head; rk = sum_j w_j (k_j - mean)^2
+                // attention-weighted: w_j = causal softmax(kq_scale q.k_j) averaged over the last
+                // TQ_KBAL_QUERIES queries and the query heads of the KV head;
+                // rk = sum_j w_j (k_j - mean)^2 (the map M is the identity)
                 std::fill(rk.begin(), rk.end(), 0.0);
+                const int64_t nql = std::min<int64_t>(nt, TQ_KBAL_QUERIES);
                 for (int64_t h = 0; h < nkv; ++h) {
                     std::vector<double> w(nt, 0.0);
-                    for (int64_t t = 0; t < nt; ++t)
+                    for (int64_t t = nt - nql; t < nt; ++t)
                         for (int64_t qh = h * g; qh < (h + 1) * g; ++qh) {
                             std::vector<double> l(t + 1);
                             double mx = -1e300, z = 0;
@@ -494,7 +572,7 @@ extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
                                 mx = std::max(mx, l[j]);
                             }
                             for (int64_t j = 0; j <= t; ++j) z += std::exp(l[j] - mx);
-                            for (int64_t j = 0; j <= t; ++j) w[j] += std::exp(l[j] - mx) / z / (double) (nt * g);
+                            for (int64_t j = 0; j <= t; ++j) w[j] += std::exp(l[j] - mx) / z / (double) (nql * g);
                         }
                     for (int64_t j = 0; j < nt; ++j)
                         for (int64_t i = 0; i < hd; ++i) {

@@ -1,0 +1,89 @@
+// tq-llama-graph.h - turboquant's K mean removal and K/Q balancing in llama's attention graph
+// (tq-kmean.h has the graph pieces and the reasoning). Included once by llama-graph.cpp;
+// build_attn calls tq_kmean_graph on the roped K before the cache's rotation.
+//
+// The mode (SET / KEEP / ZERO) the host picked for this ubatch shapes the graph, and a graph
+// input of this file carries it: a graph built for one mode is never reused for another, and
+// a SET graph gets the position maps M through the input tensor, filled from the ubatch's
+// positions by llama's ordinary input path.
+#pragma once
+
+#include "ggml-backend.h"
+#include "llama-graph.h"
+#include "llama-kv-cache.h"
+#include "tq-kmean.h"
+
+#include <memory>
+#include <vector>
+
+class tq_kmean_input : public llm_graph_input_i {
+public:
+    tq_kmean_input(const llama_kv_cache * kv, int mode) : kv(kv), mode(mode) {}
+
+    void set_input(const llama_ubatch * ubatch) override {
+        if (map) {
+            std::vector<float> buf(ggml_nelements(map), 0.0f);
+            kv->tq_kmean_fill_map(*ubatch, buf.data(), map->ne[0]);
+            ggml_backend_tensor_set(map, buf.data(), 0, ggml_nbytes(map));
+        }
+    }
+
+    // the graph fits a ubatch of the same mode (the positions only change the input's data)
+    bool can_reuse(const llm_graph_params & params) override {
+        GGML_UNUSED(params);
+        return kv->tq_kmean_mode_get() == mode;
+    }
+
+    const llama_kv_cache * kv;
+    const int mode;
+    ggml_tensor * map = nullptr; // SET only: f32 [hd_max * hd_max, n_layer], layer il's M in row il
+};
+
+// The mode a graph is built for: the host's choice, or for a graph built before any ubatch
+// (the scheduler's reserve) the largest one its size allows.
+static inline int tq_kmean_graph_mode(const llama_kv_cache * kv, int64_t n_tokens) {
+    const int mode = kv->tq_kmean_mode_get();
+    if (mode < 0) {
+        return n_tokens >= TQ_KMEAN_MIN_TOKENS ? TQ_KMEAN_SET : TQ_KMEAN_KEEP;
+    }
+    return mode;
+}
+
+// q_cur [hd, n_head, n_tokens], k_cur [hd, n_head_kv, n_tokens]: roped, not yet rotated.
+static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
+                                           ggml_tensor ** q_cur, ggml_tensor * k_cur, const llama_kv_cache_context * mctx,
+                                           int il, float kq_scale, bool neox) {
+    ggml_tensor * k_mean = k_cur ? mctx->tq_get_k_mean(il) : nullptr;
+    if (!k_mean) {
+        return k_cur;
+    }
+    const llama_kv_cache * kv = mctx->tq_kv();
+    // one input per cache and graph (an SWA model has two caches)
+    tq_kmean_input * in = nullptr;
+    for (auto & i : res->inputs) {
+        auto * t = dynamic_cast<tq_kmean_input *>(i.get());
+        if (t && t->kv == kv) {
+            in = t;
+        }
+    }
+    if (!in) {
+        in = static_cast<tq_kmean_input *>(
+            res->add_input(std::make_unique<tq_kmean_input>(kv, tq_kmean_graph_mode(kv, k_cur->ne[2]))));
+    }
+    int mode = in->mode;
+    if (mode == TQ_KMEAN_SET && k_cur->ne[2] < TQ_KMEAN_MIN_TOKENS) {
+        mode = TQ_KMEAN_ZERO; // not reached: the host picks SET only for a ubatch this large
+    }
+    ggml_tensor * map = nullptr;
+    if (mode == TQ_KMEAN_SET) {
+        if (!in->map) {
+            const int64_t hd = kv->tq_kmean_map_hd();
+            in->map = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hd * hd, kv->tq_kmean_map_rows());
+            ggml_set_input(in->map);
+            ggml_set_name(in->map, "tq_kmean_map");
+        }
+        const int64_t hd = k_cur->ne[0];
+        map = ggml_view_2d(ctx, in->map, hd, hd, hd * sizeof(float), (size_t) il * in->map->nb[1]);
+    }
+    return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, map, kq_scale, neox);
+}
