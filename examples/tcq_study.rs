@@ -95,9 +95,33 @@ fn codec_report() {
     }
 }
 
+/// First-pass window of the tail-biting search (`TCQ_WINDOW=1`).
+fn window_report() {
+    use turboquant::tcq::TcqType;
+    let nb = env("TCQ_EVAL", 4000);
+    let x = gaussian_blocks(nb, 0xC0DE_0002);
+    println!("| type | first-pass window | rel.MSE | encode ns/block |");
+    println!("|---|---|---|---|");
+    for ty in TcqType::ALL {
+        let tr = ty.trellis();
+        let mut sc = Scratch::new(ty.l(), ty.k(), 64);
+        for w in [64usize, 32, 24, 16, 8] {
+            let o = EncodeOpts { start: StartRule::TailBitingWindow(w), ..EncodeOpts::CODEC };
+            let (r, ns) = rel_mse(&tr, &x, o, &mut sc);
+            println!("| {} | {w} | {r:.5} | {ns:.0} |", ty.name());
+        }
+        let o = EncodeOpts { start: StartRule::ZeroStart, ..EncodeOpts::CODEC };
+        let (r, ns) = rel_mse(&tr, &x, o, &mut sc);
+        println!("| {} | none (zero start, 1 pass) | {r:.5} | {ns:.0} |", ty.name());
+    }
+}
+
 fn main() {
     if std::env::var_os("TCQ_CODEC").is_some() {
         return codec_report();
+    }
+    if std::env::var_os("TCQ_WINDOW").is_some() {
+        return window_report();
     }
     let ls: Vec<u32> = std::env::args()
         .skip(1)

@@ -35,6 +35,9 @@ pub enum ScaleRule {
 pub enum StartRule {
     /// Tail-biting, two Viterbi passes (the codec).
     TailBiting,
+    /// Tail-biting, the first pass over only this many values around the
+    /// wrap point (study only).
+    TailBitingWindow(usize),
     /// Exact tail-biting, `2^(L-k)` passes (reference only).
     TailBitingExact,
     /// `s_{-1} = 0`, one pass (a different decoder: study only).
@@ -114,6 +117,7 @@ pub fn encode_states(tr: &Trellis, x: &[f32], opts: EncodeOpts, scratch: &mut Sc
 fn search(tr: &Trellis, u: &[f32], start: StartRule, scratch: &mut Scratch) {
     match start {
         StartRule::TailBiting => scratch.viterbi_tailbiting(tr, u),
+        StartRule::TailBitingWindow(w) => scratch.viterbi_tailbiting_window(tr, u, w),
         StartRule::TailBitingExact => scratch.viterbi_exact_tailbiting(tr, u),
         StartRule::ZeroStart => scratch.viterbi(tr, u, Some(0), None),
     };

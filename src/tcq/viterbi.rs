@@ -148,14 +148,22 @@ impl Scratch {
     /// `2^(L-k)` passes, [`Scratch::viterbi_exact_tailbiting`]); docs/TCQ.md
     /// gives the measured gap.
     pub fn viterbi_tailbiting(&mut self, tr: &Trellis, u: &[f32]) -> f32 {
+        self.viterbi_tailbiting_window(tr, u, u.len())
+    }
+
+    /// [`Scratch::viterbi_tailbiting`] with a first pass over only the `w`
+    /// values around the wrap point (`w / 2` on each side; `w >= 2` and at
+    /// most `u.len()`): cheaper, the overlap is decided by fewer values.
+    pub fn viterbi_tailbiting_window(&mut self, tr: &Trellis, u: &[f32], w: usize) -> f32 {
         let n = u.len();
-        let h = n / 2;
+        let w = w.clamp(2, n);
+        let h = w / 2;
         let mut rot = core::mem::take(&mut self.rot);
-        rot[..n - h].copy_from_slice(&u[h..]);
-        rot[n - h..n].copy_from_slice(&u[..h]);
-        self.viterbi(tr, &rot[..n], None, None);
+        rot[..h].copy_from_slice(&u[n - h..]);
+        rot[h..w].copy_from_slice(&u[..w - h]);
+        self.viterbi(tr, &rot[..w], None, None);
         self.rot = rot;
-        let o = self.states[n - h - 1] & (tr.groups() as u32 - 1);
+        let o = self.states[h - 1] & (tr.groups() as u32 - 1);
         self.viterbi(tr, u, Some(o), Some(o))
     }
 
