@@ -110,8 +110,8 @@ fn symbol_packing_and_random_access_states_agree() {
             assert_eq!(&back[..], &c[..]);
             let mut st = [0u32; 64];
             symbol_states(&c, k, l, &mut st);
-            for t in 0..64 {
-                assert_eq!(st[t], state_at(&qs, k, l, t), "{ty:?} t={t}");
+            for (t, &s) in st.iter().enumerate() {
+                assert_eq!(s, state_at(&qs, k, l, t), "{ty:?} t={t}");
             }
         }
     }
@@ -151,7 +151,7 @@ fn held_out_gaussian_distortion_meets_the_issue_targets() {
     // 4096 blocks never seen by the trainer; measured 0.0209 / 0.0771 on
     // 20000 (docs/TCQ.md), targets of issue #16: 0.022 / 0.080.
     for (ty, target) in [(TcqType::Turbo3Tcq, 0.022), (TcqType::Turbo2Tcq, 0.080)] {
-        let x = gaussian_blocks(4096, 0x4E1D_0u64);
+        let x = gaussian_blocks(4096, 0x4E1D0_u64);
         let y = dec(ty, &enc(ty, &x));
         let mean: f64 = x
             .chunks_exact(64)

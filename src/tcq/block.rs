@@ -90,7 +90,7 @@ impl TcqType {
     /// Number of whole blocks for `nvals` values in `nbytes` bytes, or
     /// `BadLength` when they do not describe the same whole blocks.
     pub fn checked_blocks(self, nvals: usize, nbytes: usize) -> Result<usize> {
-        if nvals % QK != 0 || nbytes != nvals / QK * self.block_bytes() {
+        if !nvals.is_multiple_of(QK) || nbytes != nvals / QK * self.block_bytes() {
             return Err(TqError::BadLength);
         }
         Ok(nvals / QK)

@@ -209,7 +209,7 @@ fn forward(costs: &mut [f32], m: &mut [f32], table: &[f32], u: &[f32], k: u32) {
 #[target_feature(enable = "avx2")]
 unsafe fn forward_avx2(costs: &mut [f32], m: &mut [f32], table: &[f32], u: &[f32], k: u32) {
     let ns = table.len();
-    if !(k == 2 || k == 3) || m.len() % 8 != 0 {
+    if !(k == 2 || k == 3) || !m.len().is_multiple_of(8) {
         return forward(costs, m, table, u, k);
     }
     for (t, &ut) in u.iter().enumerate().skip(1) {
@@ -260,7 +260,7 @@ unsafe fn step_avx2(cur: &[f32], nxt: &mut [f32], m: &mut [f32], table: &[f32], 
 #[inline(always)]
 fn step<const NH: usize>(cur: &[f32], nxt: &mut [f32], m: &mut [f32], table: &[f32], u: f32) {
     let g = m.len();
-    if g % 8 == 0 {
+    if g.is_multiple_of(8) {
         // fixed 8-wide tiles: no loop tails (masked moves are slow on some CPUs)
         for (jb, mt) in m.chunks_exact_mut(8).enumerate() {
             let mut mv: [f32; 8] = cur[8 * jb..8 * jb + 8].try_into().unwrap();
