@@ -93,6 +93,24 @@ fn codec_report() {
             ty.l()
         );
     }
+    // the scalar-codebook types under the same conditions, for the ratio
+    for sty in [turboquant::TqType::Turbo3, turboquant::TqType::Turbo2] {
+        let mut enc = vec![0u8; nb * sty.block_bytes()];
+        let t0 = cpu_s();
+        turboquant::quantize(sty, &x, &mut enc).unwrap();
+        let enc_ns = (cpu_s() - t0) * 1e9 / nb as f64;
+        let mut y = vec![0f32; nb * 64];
+        let t1 = cpu_s();
+        let reps = 10;
+        for _ in 0..reps {
+            turboquant::dequantize(sty, std::hint::black_box(&enc), &mut y).unwrap();
+        }
+        let gbs = (reps * nb * 256) as f64 / (cpu_s() - t1) / 1e9;
+        println!(
+            "| {} (reference) | - | - | - | - | {enc_ns:.0} | {gbs:.2} |",
+            sty.name()
+        );
+    }
 }
 
 /// First-pass window of the tail-biting search (`TCQ_WINDOW=1`).
@@ -106,13 +124,22 @@ fn window_report() {
         let tr = ty.trellis();
         let mut sc = Scratch::new(ty.l(), ty.k(), 64);
         for w in [64usize, 32, 24, 16, 8] {
-            let o = EncodeOpts { start: StartRule::TailBitingWindow(w), ..EncodeOpts::CODEC };
+            let o = EncodeOpts {
+                start: StartRule::TailBitingWindow(w),
+                ..EncodeOpts::CODEC
+            };
             let (r, ns) = rel_mse(&tr, &x, o, &mut sc);
             println!("| {} | {w} | {r:.5} | {ns:.0} |", ty.name());
         }
-        let o = EncodeOpts { start: StartRule::ZeroStart, ..EncodeOpts::CODEC };
+        let o = EncodeOpts {
+            start: StartRule::ZeroStart,
+            ..EncodeOpts::CODEC
+        };
         let (r, ns) = rel_mse(&tr, &x, o, &mut sc);
-        println!("| {} | none (zero start, 1 pass) | {r:.5} | {ns:.0} |", ty.name());
+        println!(
+            "| {} | none (zero start, 1 pass) | {r:.5} | {ns:.0} |",
+            ty.name()
+        );
     }
 }
 
