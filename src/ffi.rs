@@ -399,10 +399,104 @@ pub unsafe extern "C" fn tq_ggml_validate_row(t: c_int, x: *const c_void, nbytes
     (r == 1) as c_int
 }
 
+// ------------------------------------------- trellis-coded ggml hooks ---
+//
+// turbo3_tcq / turbo2_tcq (src/tcq, docs/TCQ.md): scalar reference paths for
+// now. The encoder needs a Viterbi `Scratch` (64 KB at L = 8): one per thread
+// and type, made on a thread's first call and reused, so no call after the
+// first allocates.
+
+thread_local! {
+    static TCQ_SCRATCH: core::cell::RefCell<[Option<crate::tcq::Scratch>; 2]> =
+        const { core::cell::RefCell::new([None, None]) };
+}
+
+fn tcq_quantize_raw(ty: crate::tcq::TcqType, x: *const f32, y: *mut c_void, k: i64) {
+    use crate::tcq::{codec, Scratch, TcqType};
+    let nb = nblocks(k);
+    // SAFETY (caller): ggml passes k floats and room for k / 64 blocks.
+    let xs = unsafe { core::slice::from_raw_parts(x, nb * QK) };
+    let ys = unsafe { core::slice::from_raw_parts_mut(y as *mut u8, nb * ty.block_bytes()) };
+    let slot = (ty == TcqType::Turbo2Tcq) as usize;
+    TCQ_SCRATCH.with(|c| {
+        let mut c = c.borrow_mut();
+        let sc = c[slot].get_or_insert_with(|| Scratch::new(ty.l(), ty.k(), QK));
+        let _ = codec::quantize(ty, xs, ys, sc);
+    });
+}
+
+macro_rules! tcq_hooks {
+    ($ty:expr, $q:ident, $dq:ident, $dot:ident, $mad:ident) => {
+        /// ggml `from_float`: encodes `k` floats.
+        #[no_mangle]
+        pub unsafe extern "C" fn $q(x: *const f32, y: *mut c_void, k: i64) {
+            guard_void(|| tcq_quantize_raw($ty, x, y, k))
+        }
+
+        /// ggml `to_float`: decodes `k` values.
+        #[no_mangle]
+        pub unsafe extern "C" fn $dq(x: *const c_void, y: *mut f32, k: i64) {
+            guard_void(|| {
+                let nb = nblocks(k);
+                let xs = core::slice::from_raw_parts(x as *const u8, nb * $ty.block_bytes());
+                let ys = core::slice::from_raw_parts_mut(y, nb * QK);
+                let _ = crate::tcq::codec::dequantize($ty, xs, ys);
+            })
+        }
+
+        /// ggml `vec_dot`: `s[0] = dot(x, y)` over `n` values (only `nrc == 1`
+        /// is meaningful; strides are unused).
+        #[no_mangle]
+        pub unsafe extern "C" fn $dot(
+            n: c_int,
+            s: *mut f32,
+            _bs: usize,
+            x: *const c_void,
+            _bx: usize,
+            y: *const c_void,
+            _by: usize,
+            _nrc: c_int,
+        ) {
+            guard_void(|| {
+                let nb = nblocks(n as i64);
+                let xs = core::slice::from_raw_parts(x as *const u8, nb * $ty.block_bytes());
+                let ys = core::slice::from_raw_parts(y as *const f32, nb * QK);
+                *s = crate::tcq::codec::vec_dot($ty, xs, ys).unwrap_or(0.0);
+            })
+        }
+
+        /// Flash-attention V accumulation: `y[0..k) += v * decode(x)`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $mad(x: *const c_void, y: *mut f32, k: i64, v: f32) {
+            guard_void(|| {
+                let nb = nblocks(k);
+                let xs = core::slice::from_raw_parts(x as *const u8, nb * $ty.block_bytes());
+                let ys = core::slice::from_raw_parts_mut(y, nb * QK);
+                let _ = crate::tcq::codec::mad($ty, xs, ys, v);
+            })
+        }
+    };
+}
+
+tcq_hooks!(
+    crate::tcq::TcqType::Turbo3Tcq,
+    tq_ggml_quantize_row_turbo3_tcq,
+    tq_ggml_dequantize_row_turbo3_tcq,
+    tq_ggml_vec_dot_turbo3_tcq_f32,
+    tq_ggml_mad_turbo3_tcq
+);
+tcq_hooks!(
+    crate::tcq::TcqType::Turbo2Tcq,
+    tq_ggml_quantize_row_turbo2_tcq,
+    tq_ggml_dequantize_row_turbo2_tcq,
+    tq_ggml_vec_dot_turbo2_tcq_f32,
+    tq_ggml_mad_turbo2_tcq
+);
+
 // -------------------------------------------------------- link anchor ---
 
 #[repr(transparent)]
-struct ExportTable([*const (); 32]);
+struct ExportTable([*const (); 40]);
 // SAFETY: the table holds code addresses only, never dereferenced as data.
 unsafe impl Sync for ExportTable {}
 
@@ -440,10 +534,18 @@ static EXPORTS: ExportTable = ExportTable([
     tq_ggml_mad_rows_turbo4 as *const (),
     tq_ggml_fa_tile as *const (),
     tq_ggml_set_fa_tile as *const (),
+    tq_ggml_quantize_row_turbo3_tcq as *const (),
+    tq_ggml_quantize_row_turbo2_tcq as *const (),
+    tq_ggml_dequantize_row_turbo3_tcq as *const (),
+    tq_ggml_dequantize_row_turbo2_tcq as *const (),
+    tq_ggml_vec_dot_turbo3_tcq_f32 as *const (),
+    tq_ggml_vec_dot_turbo2_tcq_f32 as *const (),
+    tq_ggml_mad_turbo3_tcq as *const (),
+    tq_ggml_mad_turbo2_tcq as *const (),
 ]);
 
 /// Names of every exported C symbol, in [`link_anchor`]'s table order.
-pub const EXPORTED_SYMBOLS: [&str; 32] = [
+pub const EXPORTED_SYMBOLS: [&str; 40] = [
     "tq_block_values",
     "tq_block_bytes",
     "tq_quantize",
@@ -476,6 +578,14 @@ pub const EXPORTED_SYMBOLS: [&str; 32] = [
     "tq_ggml_mad_rows_turbo4",
     "tq_ggml_fa_tile",
     "tq_ggml_set_fa_tile",
+    "tq_ggml_quantize_row_turbo3_tcq",
+    "tq_ggml_quantize_row_turbo2_tcq",
+    "tq_ggml_dequantize_row_turbo3_tcq",
+    "tq_ggml_dequantize_row_turbo2_tcq",
+    "tq_ggml_vec_dot_turbo3_tcq_f32",
+    "tq_ggml_vec_dot_turbo2_tcq_f32",
+    "tq_ggml_mad_turbo3_tcq",
+    "tq_ggml_mad_turbo2_tcq",
 ];
 
 /// References every exported C function, so a binary that links static C++

@@ -28,6 +28,7 @@ pub mod qjl;
 pub mod rotation;
 #[rustfmt::skip]
 pub mod tables;
+pub mod tcq;
 
 pub use block::{BlockTurbo2, BlockTurbo3, BlockTurbo4, TqType, TurboBlock, QK};
 pub use error::{Result, TqError};

@@ -44,6 +44,18 @@ fn header_struct_layouts_match_rust() {
             align_of::<BlockTurbo4>(),
             core::mem::offset_of!(BlockTurbo4, qs),
         ),
+        (
+            "tq_block_turbo3_tcq",
+            size_of::<turboquant::tcq::BlockTurbo3Tcq>(),
+            align_of::<turboquant::tcq::BlockTurbo3Tcq>(),
+            core::mem::offset_of!(turboquant::tcq::BlockTurbo3Tcq, qs),
+        ),
+        (
+            "tq_block_turbo2_tcq",
+            size_of::<turboquant::tcq::BlockTurbo2Tcq>(),
+            align_of::<turboquant::tcq::BlockTurbo2Tcq>(),
+            core::mem::offset_of!(turboquant::tcq::BlockTurbo2Tcq, qs),
+        ),
     ] {
         let want_size = format!("[\"Sizeof{name}\"][::std::mem::size_of::<{name}>()-{size}usize]");
         let want_align =

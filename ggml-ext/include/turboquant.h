@@ -148,6 +148,27 @@ void tq_ggml_mad_rows_turbo4(const void *x, size_t stride, int64_t nrows, const 
 int tq_ggml_fa_tile(void);
 void tq_ggml_set_fa_tile(int on);
 
+/* --- trellis-coded types turbo3_tcq / turbo2_tcq (docs/TCQ.md; no GGML type yet) ---
+   64 values per block: u16 d (fp16 scale) + a circular string of 64*k trellis bits
+   (k = 3 / 2, MSB-first). Value t decodes to fp16_to_f32(d) * TQ_TCQ<k>_TABLE[s_t],
+   s_t the L-bit window of bits [k t + k - L, k t + k) mod 64 k (turboquant_tcq_tables.h).
+   The encoder is a Viterbi search (bit-exact rule in docs/TCQ.md); it keeps one
+   64 KB scratch per thread, allocated on the thread's first call. Same ggml
+   signatures and conventions as the hooks above. */
+typedef struct { uint16_t d; uint8_t qs[24]; } tq_block_turbo3_tcq;
+typedef struct { uint16_t d; uint8_t qs[16]; } tq_block_turbo2_tcq;
+
+void tq_ggml_quantize_row_turbo3_tcq(const float *x, void *y, int64_t k);
+void tq_ggml_quantize_row_turbo2_tcq(const float *x, void *y, int64_t k);
+void tq_ggml_dequantize_row_turbo3_tcq(const void *x, float *y, int64_t k);
+void tq_ggml_dequantize_row_turbo2_tcq(const void *x, float *y, int64_t k);
+void tq_ggml_vec_dot_turbo3_tcq_f32(int n, float *s, size_t bs, const void *x, size_t bx,
+                                    const void *y, size_t by, int nrc);
+void tq_ggml_vec_dot_turbo2_tcq_f32(int n, float *s, size_t bs, const void *x, size_t bx,
+                                    const void *y, size_t by, int nrc);
+void tq_ggml_mad_turbo3_tcq(const void *x, float *y, int64_t k, float v);
+void tq_ggml_mad_turbo2_tcq(const void *x, float *y, int64_t k, float v);
+
 /* ggml_validate_row_data: 1 if every block scale is finite and non-negative; 0 otherwise,
    also when nbytes is not a whole number of blocks, the type is unknown, or x is NULL
    with nbytes > 0. */
