@@ -34,8 +34,8 @@ for bad in "61-virtual;90" "50" "all"; do
     exit 1
   fi
 done
-cmake -DTQ_TEST_ARCHS="61-virtual;90" -DTQ_TEST_NVCC=12.8 -P "$archs" 2>&1 | grep -q 'sm_61' \
-  || { echo "cuda-check: the refusal does not name sm_61" >&2; exit 1; }
+msg=$(cmake -DTQ_TEST_ARCHS="61-virtual;90" -DTQ_TEST_NVCC=12.8 -P "$archs" 2>&1 || true)
+grep -q 'sm_61' <<< "$msg" || { echo "cuda-check: the refusal does not name sm_61: $msg" >&2; exit 1; }
 cmake -DTQ_TEST_ARCHS="70;75-virtual;86-real;90a;120a-real;native" -DTQ_TEST_NVCC=12.8 -P "$archs" >/dev/null \
   || { echo "cuda-check: Volta-or-newer architectures were refused" >&2; exit 1; }
 
