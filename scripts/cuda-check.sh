@@ -5,6 +5,7 @@
 #  3. compiled: the generated flash-attention instances of every turbo K/V pair, every
 #     upstream CUDA file our patch hooks into (convert, getrows, set-rows, cpy, fattn,
 #     ggml-cuda) and test-backend-ops.cpp with our test cases - through ccache;
+#     Also: the configure-time refusal of pre-Volta architectures, tested with cmake -P;
 #  4. ggml-ext/cuda/tq-parity.cu compiled and linked against libturboquant.a, and run with
 #     --host: the CUDA codec source, built for the CPU, must reproduce the Rust codec's
 #     bytes and decoded values bit for bit. (On a GPU, scripts/gpu-check.sh runs it on the
@@ -23,6 +24,20 @@ if ! grep -q turboquant "$src/ggml/src/ggml-cuda/fattn.cu" 2>/dev/null; then
   exit 1
 fi
 [ -f target/release/libturboquant.a ] || cargo build --release --lib
+
+# The configure-time refusal of pre-Volta archs (turboquant-cuda-archs.cmake), which nvcc 13
+# cannot compile for, so only this logic can be checked here.
+archs=ggml-ext/cmake/turboquant-cuda-archs.cmake
+for bad in "61-virtual;90" "50" "all"; do
+  if cmake -DTQ_TEST_ARCHS="$bad" -DTQ_TEST_NVCC=12.8 -P "$archs" >/dev/null 2>&1; then
+    echo "cuda-check: CUDA architectures \"$bad\" were not refused" >&2
+    exit 1
+  fi
+done
+msg=$(cmake -DTQ_TEST_ARCHS="61-virtual;90" -DTQ_TEST_NVCC=12.8 -P "$archs" 2>&1 || true)
+grep -q 'sm_61' <<< "$msg" || { echo "cuda-check: the refusal does not name sm_61: $msg" >&2; exit 1; }
+cmake -DTQ_TEST_ARCHS="70;75-virtual;86-real;90a;120a-real;native" -DTQ_TEST_NVCC=12.8 -P "$archs" >/dev/null \
+  || { echo "cuda-check: Volta-or-newer architectures were refused" >&2; exit 1; }
 
 bdir=$repo/target/cuda-check
 mkdir -p "$bdir"
@@ -43,6 +58,13 @@ for f in "$cuda_dir"/tq-template-instances/*.cu; do
   objs+=("tq-template-instances/$(basename "${f%.cu}").o")
 done
 echo "cuda-check: compiling ${#objs[@]} CUDA objects for sm_90"
+# Always recompile (ccache answers for unchanged sources): building single objects inside
+# ggml-cuda's folder skips CMake's dependency scan, so an edited header (tq-cuda.cuh) would
+# not make an existing object out of date and a stale one would pass the check.
+for o in "${objs[@]}"; do
+  rm -f "$cuda_dir/CMakeFiles/ggml-cuda.dir/${o%.o}.cu.o"
+done
+rm -f "$bdir/tests/CMakeFiles/test-backend-ops.dir/test-backend-ops.cpp.o"
 make -s -C "$cuda_dir" -j"${NUM_JOBS:-2}" "${objs[@]}" 2>&1 | grep -v '^make' || true
 for o in "${objs[@]}"; do
   [ -f "$cuda_dir/CMakeFiles/ggml-cuda.dir/${o%.o}.cu.o" ] || { echo "cuda-check: $o failed to compile" >&2; exit 1; }

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Packs what scripts/gpu-check.sh needs on a GPU machine that can reach nothing (no network,
-# no Rust): .gpu/ (git-ignored through .git/info/exclude), well under the 64 MiB a device
-# call carries.
+# Packs what scripts/gpu-check.sh and scripts/gpu-bench.sh need on a GPU machine that can
+# reach nothing (no network, no Rust): .gpu/ (git-ignored through .git/info/exclude), well
+# under the 64 MiB a device call carries.
 #   .gpu/llama-src.tar.xz    the patched llama.cpp tree, without docs, models, web UI, benches
 #   .gpu/libturboquant.a.xz  the Rust codec, built here (x86-64)
-#   .gpu/tokenizer.gguf      SmolLM2's tokenizer in an otherwise empty GGUF: gpu-check makes a
-#                            random-weight model of SmolLM2's shape from it (the real model,
-#                            94 MB, does not fit; cache speed depends on the shape, not weights)
+#   .gpu/tokenizer.gguf      SmolLM2's tokenizer in an otherwise empty GGUF: gpu-bench makes a
+#                            random-weight Llama-8B-shaped model (2 layers) from it there (a
+#                            real model does not fit; attention speed depends on the shape)
 #   .gpu/gguf-*.whl          the gguf Python package for scripts/random_gguf.py
-# Then, with a GPU lent: device run, carry [".gpu"], command "scripts/gpu-check.sh".
+# Then, with a GPU lent: device run, carry [".gpu"], command
+#   "scripts/gpu-check.sh $OUT/check", then (same warm machine: the build is reused)
+#   "scripts/gpu-bench.sh $OUT/bench".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude

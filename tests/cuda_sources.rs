@@ -124,6 +124,10 @@ fn patch_hooks_every_cuda_table() {
             "tests/test-backend-ops.cpp",
             "tq_make_test_cases(test_cases)",
         ),
+        (
+            "tests/test-backend-ops.cpp",
+            "tq_make_perf_cases(test_cases)",
+        ),
     ];
     for (file, hook) in hooks {
         let section = patch
@@ -163,4 +167,166 @@ fn patch_hooks_every_cuda_table() {
     );
     assert_eq!(n("dequantize_block_cont_cuda"), 3);
     assert_eq!(n("dequantize_block_cuda"), 3);
+}
+
+// The GPU scripts (scripts/gpu-check.sh, scripts/gpu-bench.sh) run on a machine this test
+// never sees; their control flow, parsing and exit status are checked here against stand-in
+// tools (TQ_GPU_PREBUILT=1 skips the build and uses TQ_GPU_BUILD/bin).
+mod gpu_scripts {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tq-gpu-scripts-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("bin")).unwrap();
+        d
+    }
+
+    fn tool(dir: &Path, name: &str, body: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/usr/bin/env bash\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// Runs a script under `timeout 120` with the stand-ins; returns (exit code, summary.txt).
+    fn run(script: &str, d: &Path, envs: &[(&str, String)]) -> (i32, String) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = d.join("out");
+        let path = format!(
+            "{}:{}",
+            d.join("bin").display(),
+            std::env::var("PATH").unwrap()
+        );
+        let mut c = Command::new("timeout");
+        c.arg("120").arg(root.join(script)).arg(&out);
+        c.env("PATH", path)
+            .env("TQ_GPU_PREBUILT", "1")
+            .env("TQ_GPU_BUILD", d);
+        c.env("TQ_GPU_WORK", d.join("work")).env_remove("OUT");
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        let st = c.output().expect("run script");
+        assert_ne!(st.status.code(), Some(124), "{script} timed out");
+        let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap_or_default();
+        (st.status.code().unwrap_or(-1), summary)
+    }
+
+    const PERPLEXITY: &str = r#"kv=; for a in "$@"; do [ "$prev" = -ctk ] && kv=$a; prev=$a; done
+if [[ " $* " == *" --kl-divergence "* ]]; then
+  m=0.000000; [ "$kv" = "$RACY" ] && m=0.012345
+  printf 'Mean    KLD:   %s ±   0.000000\nMaximum KLD:   %s\nSame top p: 100.000 ± 0.000 %%\n' $m $m
+else echo "Final estimate: PPL = 51234.5678 +/- 12.34567"; fi"#;
+
+    const BENCH: &str = r#"kv=; for a in "$@"; do [ "$prev" = -ctk ] && kv=$a; prev=$a; done
+for d in 0 32768; do for t in "512 0" "0 128"; do set -- $t
+  echo "{\"type_k\": \"$kv\", \"type_v\": \"$kv\", \"n_prompt\": $1, \"n_gen\": $2, \"n_depth\": $d, \"avg_ts\": 100.0, \"stddev_ts\": 1.0}"
+done; done"#;
+
+    const BACKEND_OPS: &str = r#"if [ "$1" = perf ]; then
+  echo "  FLASH_ATTN_EXT(hsk=128,hsv=128,nh=8,nr23=[4,1],kv=32768,nb=1,type_K=turbo4,type_V=turbo4): 100 runs - 12.00 us/run - 17000 kB/run - 1400.00 GB/s"
+  exit 0; fi
+for i in 1 2 3; do echo "  FLASH_ATTN_EXT(hsk=128,type_K=turbo4,type_V=turbo4,case=$i): OK"; done
+[ -n "$UNSUPPORTED" ] && echo "  MUL_MAT(type_a=turbo2,prec=f32): not supported [CUDA0]"
+exit 0"#;
+
+    fn stand_ins(d: &Path) {
+        let bin = d.join("bin");
+        tool(&bin, "llama-perplexity", PERPLEXITY);
+        tool(&bin, "llama-bench", BENCH);
+        tool(&bin, "test-backend-ops", BACKEND_OPS);
+        tool(
+            &bin,
+            "nvcc",
+            r#"[ "$1" = --version ] && { echo "release 13.0 (stand-in)"; exit 0; }
+o=; for a in "$@"; do [ "$prev" = -o ] && o=$a; prev=$a; done
+printf '#!/bin/sh\necho "parity: identical (stand-in)"\n' > "$o"; chmod +x "$o""#,
+        );
+        tool(
+            &bin,
+            "compute-sanitizer",
+            r#"[ -n "$SANITIZER_REFUSED" ] && { echo "Error: Device not supported"; exit 1; }
+shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
+        );
+        std::fs::write(d.join("model.gguf"), b"stand-in").unwrap();
+    }
+
+    #[test]
+    fn gpu_check_passes_and_fails_as_its_checks_do() {
+        let d = scratch("check");
+        stand_ins(&d);
+        let (code, s) = run("scripts/gpu-check.sh", &d, &[]);
+        assert_eq!(code, 0, "{s}");
+        assert_eq!(s.matches("PASS compute-sanitizer").count(), 3, "{s}");
+        let (code, s) = run("scripts/gpu-check.sh", &d, &[("UNSUPPORTED", "1".into())]);
+        assert_eq!(code, 1, "a turbo case the backend declines must fail: {s}");
+        let (code, s) = run(
+            "scripts/gpu-check.sh",
+            &d,
+            &[("SANITIZER_REFUSED", "1".into())],
+        );
+        assert_eq!(code, 0, "{s}");
+        assert!(s.contains("SKIP compute-sanitizer refused"), "{s}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn gpu_bench_detects_a_race_and_reports_targets() {
+        let d = scratch("bench");
+        stand_ins(&d);
+        let model = ("TQ_GPU_MODEL", d.join("model.gguf").display().to_string());
+        let (code, s) = run("scripts/gpu-bench.sh", &d, &[model.clone()]);
+        assert_eq!(code, 0, "{s}");
+        assert!(
+            s.contains("PASS race turbo4") && s.contains("PASS race turbo3"),
+            "{s}"
+        );
+        assert!(s.contains("| turbo4 | 100.0 ± 1.0 |"), "{s}");
+        assert!(
+            s.contains("TARGET tg128 @ d32768 turbo4 / q8_0: 1.000x (target >= 1.2x): MISSED"),
+            "{s}"
+        );
+        assert!(s.contains("kv=32768 K=turbo4 V=turbo4: 100 runs"), "{s}");
+        let (code, s) = run(
+            "scripts/gpu-bench.sh",
+            &d,
+            &[model, ("RACY", "turbo3".into())],
+        );
+        assert_eq!(code, 1, "{s}");
+        assert!(s.contains("FAIL race turbo3: max KLD 0.012345"), "{s}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn gpu_check_dry_run_builds_the_reduced_instance_set() {
+        let d = scratch("dry");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = d.join("out");
+        let st = Command::new("timeout")
+            .arg("60")
+            .arg(root.join("scripts/gpu-check.sh"))
+            .arg("--dry-run")
+            .arg(&out)
+            .env_remove("OUT")
+            .env("TQ_GPU_BUILD", &d)
+            .env("TQ_GPU_WORK", d.join("work"))
+            .output()
+            .unwrap();
+        assert_eq!(st.status.code(), Some(0));
+        let cmds = std::fs::read_to_string(out.join("dry-run.txt")).unwrap();
+        for want in [
+            "-DCMAKE_CUDA_ARCHITECTURES=90",
+            "-DGGML_CUDA_FA_QUANTS=q8_0-q8_0",
+            "-DTQ_CUDA_FA_HEAD_SIZES=64;128",
+            "--target test-backend-ops llama-bench llama-perplexity",
+            "-o SET_ROWS,GET_ROWS,CPY,MUL_MAT,FLASH_ATTN_EXT -p turbo",
+            "--tool memcheck",
+            "--tool synccheck",
+        ] {
+            assert!(cmds.contains(want), "dry run lacks {want}:\n{cmds}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

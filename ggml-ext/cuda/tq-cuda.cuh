@@ -56,6 +56,7 @@ static __device__ __forceinline__ double   tq_dsqrt(double a)          { return 
 static __device__ __forceinline__ float    tq_fmul(float a, float b)   { return __fmul_rn(a, b); }
 static __device__ __forceinline__ float    tq_d2f(double a)            { return __double2float_rn(a); }
 static __device__ __forceinline__ uint32_t tq_f2u(float a)             { return __float_as_uint(a); }
+static __device__ __forceinline__ float    tq_fsub(float a, float b)   { return __fsub_rn(a, b); }
 #else
 #define TQ_TABLE(name) (tq_host::name)
 static inline double   tq_dmul(double a, double b) { return a * b; }
@@ -65,6 +66,7 @@ static inline double   tq_dsqrt(double a)          { return sqrt(a); }
 static inline float    tq_fmul(float a, float b)   { return a * b; }
 static inline float    tq_d2f(double a)            { return (float) a; }
 static inline uint32_t tq_f2u(float a)             { uint32_t u; memcpy(&u, &a, sizeof(u)); return u; }
+static inline float    tq_fsub(float a, float b)   { return a - b; }
 #endif
 
 template <int bits> struct tq_cuda_type;
@@ -158,13 +160,76 @@ static TQ_HD double tq_cuda_widen(const float v) {
     return (double) v;
 }
 
+// The f32 fast path of the classification u = x / n (below) is used for blocks whose norm
+// lies in [2^-120, 2^120], where 1/n is a normal f32; other blocks classify in double.
+#define TQ_CUDA_F32_NORM_MIN 0x1p-120
+#define TQ_CUDA_F32_NORM_MAX 0x1p+120
+
+// Index of value v (the raw input) in a block of norm n: #{t : x/n > t} with x = sanitize(v),
+// the quotient rounded to double (the rule of turboquant.h). rf = f32(1/n), 0 for a block
+// outside the f32 range. FP64 is slow on most GPUs (1/64 of the f32 rate on consumer
+// cards), so the decision is made in f32 and redone in double only when the f32 quotient
+// lies within a relative 2^-20 of a threshold. Why that margin is safe: f32(1/n) (from the
+// exactly rounded double 1/n) and the product x*rf each add at most a relative 2^-24, so
+// |uf - x/n| <= ~2^-23 |uf|; a threshold further than 2^-20 |uf| (computed in f32, itself
+// off by at most 2^-24 of the distance) lies on the same side of the double quotient as of
+// uf. Ties (u == t exactly, which go to the lower centroid) always fall inside the margin.
+// Near 0 the only threshold is 0 itself: a nonzero uf has the sign of x and of x/n, an exact
+// zero input gives u = +-0 on both paths, and an f32 product that underflowed (or a
+// subnormal input flushed by -use_fast_math) gives uf = 0, which is inside the margin of 0
+// and so goes to the double path, where subnormals are exact.
+// *slow reports the fallback (the parity test counts them).
+template <int bits>
+static TQ_HD int tq_cuda_classify(const float v, const double n, const float rf, bool & slow) {
+    constexpr int levels = 1 << bits;
+    const float * thr = tq_cuda_thresholds<bits>();
+    if (rf != 0.0f) {
+        const uint32_t b = tq_f2u(v);
+        float x = v;
+        // exactly zero after sanitizing (tested on the bits: under -use_fast_math a float
+        // compare would take a subnormal for 0): u is +-0, which f32 compares exactly
+        bool zero = (b & 0x7fffffffu) == 0;
+        if ((b & 0x7f800000u) == 0x7f800000u) {
+            zero = (b & 0x007fffffu) != 0;
+            x = zero ? 0.0f : (b & 0x80000000u) ? -65504.0f : 65504.0f;
+        }
+        const float uf = tq_fmul(x, rf);
+        const float mu = tq_fmul(fabsf(uf), 0x1p-20f);
+        int k = 0;
+        bool near = false;
+TQ_UNROLL
+        for (int t = 0; t < levels - 1; ++t) {
+            k += uf > thr[t];
+            near |= fabsf(tq_fsub(uf, thr[t])) <= mu;
+        }
+        if (!near || zero) {
+            slow = false;
+            return k;
+        }
+    }
+    slow = true;
+    const double u = tq_ddiv(tq_cuda_widen(v), n);
+    int k = 0;
+TQ_UNROLL
+    for (int t = 0; t < levels - 1; ++t) {
+        k += u > (double) thr[t];
+    }
+    return k;
+}
+
+// f32(1/n) for tq_cuda_classify, 0 when n is outside the f32 fast path's range.
+static TQ_HD float tq_cuda_recip_f32(const double n) {
+    return n >= TQ_CUDA_F32_NORM_MIN && n <= TQ_CUDA_F32_NORM_MAX ? tq_d2f(tq_ddiv(1.0, n)) : 0.0f;
+}
+
 // Encodes one block of 64 values: the rule of turboquant.h, step for step, in one thread.
+// The norm and the scale stay in double (they decide the stored scale's bits through
+// sequential sums); the per-value classification is the f32 fast path above.
 template <int bits>
 static __host__ __device__ void tq_cuda_quantize_block(const float * __restrict__ x, typename tq_cuda_type<bits>::block * __restrict__ y) {
     constexpr int levels = 1 << bits;
     constexpr int nqs = (int) sizeof(y->qs);
     const float * cb  = tq_cuda_codebook<bits>();
-    const float * thr = tq_cuda_thresholds<bits>();
 
     double ss = 0.0;
 TQ_UNROLL_8
@@ -181,17 +246,14 @@ TQ_UNROLL
     }
     uint16_t d = 0;
     const bool empty = n == 0.0 || !isfinite(n);
+    const float rf = empty ? 0.0f : tq_cuda_recip_f32(n);
     double cs = 0.0;
 TQ_UNROLL
     for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
         int k = levels/2;
         if (!empty) {
-            const double u = tq_ddiv(tq_cuda_widen(x[j]), n);
-            k = 0;
-TQ_UNROLL
-            for (int t = 0; t < levels - 1; ++t) {
-                k += u > (double) thr[t];
-            }
+            bool slow;
+            k = tq_cuda_classify<bits>(x[j], n, rf, slow);
             const double c = (double) cb[k];
             cs = tq_dadd(cs, tq_dmul(c, c));
         }

@@ -29,7 +29,9 @@ static __device__ __forceinline__ float tq_vec_dot_KQ(
     const char * __restrict__ K_c, const void * __restrict__ Q_v, const int * __restrict__ Q_q8, const void * __restrict__ Q_ds) {
     GGML_UNUSED(Q_q8);
     GGML_UNUSED(Q_ds);
-    static_assert(nthreads == 8 && D % TQ_BLOCK_VALUES == 0, "turbo K uses the f16 Q layout: 8 threads, 8 values each per block");
+    // 8 threads per row is the f16 Q layout from Volta on; older archs are refused at
+    // configure time (ggml-ext/cmake/turboquant-cuda-archs.cmake).
+    static_assert(nthreads == 8 && D % TQ_BLOCK_VALUES == 0, "turbo K needs the f16 Q layout of Volta (sm_70) or newer: 8 threads, 8 values each per block");
     typedef typename tq_cuda_type<bits>::block block;
 
     const block * K = (const block *) K_c;
@@ -107,11 +109,26 @@ constexpr __device__ dequantize_V_t tq_get_dequantize_V() {
 // For the end of fattn-vec.cuh: the instances live in the generated files, not in fattn.cu.
 #define TQ_FATTN_EXTERN_DECL_CASES TQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_EXTERN_DECL_PAIR)
 
+// Head sizes compiled (TQ_CUDA_FA_HEAD_SIZES in turboquant-cuda.cmake); for an instance left
+// out the lookup returns nothing and upstream converts K/V to f16 instead. `if constexpr`
+// keeps the missing instance from being referenced.
+#ifndef TQ_CUDA_FA_D64
+#define TQ_CUDA_FA_D64 1
+#endif
+#ifndef TQ_CUDA_FA_D128
+#define TQ_CUDA_FA_D128 1
+#endif
+#ifndef TQ_CUDA_FA_D256
+#define TQ_CUDA_FA_D256 1
+#endif
+
 #define TQ_FATTN_VEC_CASE_D(D, K, V)                                                            \
-    if (head_size == (D) &&                                                                     \
-        (type_K == GGML_TYPE_##K || (type_K == GGML_TYPE_F32 && GGML_TYPE_##K == GGML_TYPE_F16)) && \
-        (type_V == GGML_TYPE_##V || (type_V == GGML_TYPE_F32 && GGML_TYPE_##V == GGML_TYPE_F16))) { \
-        return ggml_cuda_flash_attn_ext_vec_case<D, GGML_TYPE_##K, GGML_TYPE_##V>;              \
+    if constexpr (TQ_CUDA_FA_D##D) {                                                            \
+        if (head_size == (D) &&                                                                 \
+            (type_K == GGML_TYPE_##K || (type_K == GGML_TYPE_F32 && GGML_TYPE_##K == GGML_TYPE_F16)) && \
+            (type_V == GGML_TYPE_##V || (type_V == GGML_TYPE_F32 && GGML_TYPE_##V == GGML_TYPE_F16))) { \
+            return ggml_cuda_flash_attn_ext_vec_case<D, GGML_TYPE_##K, GGML_TYPE_##V>;          \
+        }                                                                                       \
     }
 #define TQ_FATTN_VEC_CASE(K, V) TQ_FATTN_VEC_CASE_D(64, K, V) TQ_FATTN_VEC_CASE_D(128, K, V) TQ_FATTN_VEC_CASE_D(256, K, V)
 

@@ -50,6 +50,140 @@ __global__ void dequantize_kernel(const char * in, float * y, int64_t nblocks) {
     }
 }
 
+// The block norm exactly as the encoder computes it (sequential sum of squares in double).
+static double block_norm(const float * x) {
+    double ss = 0.0;
+    for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+        const double v = tq_cuda_widen(x[j]);
+        ss += v * v;
+    }
+    return sqrt(ss);
+}
+
+// Adversarial blocks for the f32 classification: 24 values placed within a few f32 ulps of
+// a threshold (x_j = t_j * n, refined against the block's own norm, then nudged by -3..+3
+// ulps; the threshold 0 gives +-subnormals, which -use_fast_math flushes), 40 filler values
+// carrying the rest of the norm.
+template <int bits, typename Rng>
+static void add_near_threshold(std::vector<float> & v, Rng & next) {
+    constexpr int levels = 1 << bits;
+    const float * thr = tq_host::TQ_THRESHOLDS_4BIT;
+    if (bits == 2) { thr = tq_host::TQ_THRESHOLDS_2BIT; }
+    if (bits == 3) { thr = tq_host::TQ_THRESHOLDS_3BIT; }
+    const float scales[] = {1e-3f, 1.0f, 300.0f};
+    for (float sc : scales) {
+        for (int trial = 0; trial < 40; ++trial) {
+            float x[TQ_BLOCK_VALUES];
+            double mass = 0.0;
+            for (int j = 0; j < 24; ++j) {
+                const double t = thr[(j + trial) % (levels - 1)];
+                mass += t * t;
+            }
+            const float fill = (float) sqrt((1.0 - mass) / 40.0);
+            for (int j = 24; j < TQ_BLOCK_VALUES; ++j) {
+                x[j] = sc * fill * ((next() & 1) ? 1.0f : -1.0f);
+            }
+            for (int j = 0; j < 24; ++j) {
+                x[j] = sc * thr[(j + trial) % (levels - 1)];
+            }
+            for (int it = 0; it < 4; ++it) {
+                const double n = block_norm(x);
+                for (int j = 0; j < 24; ++j) {
+                    x[j] = (float) ((double) thr[(j + trial) % (levels - 1)] * n);
+                }
+            }
+            for (int j = 0; j < 24; ++j) {
+                const int nudge = (int) (next() % 7) - 3;
+                for (int k = 0; k < (nudge < 0 ? -nudge : nudge); ++k) {
+                    x[j] = nextafterf(x[j], nudge < 0 ? -INFINITY : INFINITY);
+                }
+            }
+            v.insert(v.end(), x, x + TQ_BLOCK_VALUES);
+        }
+    }
+}
+
+// Exact ties: blocks whose norm is exactly 2^e and one value is exactly t * 2^e for a
+// threshold t, so x/n == t in double and the rule sends it to the lower centroid. The other
+// values y1..y4 are chosen greedily (in long double, exact for these magnitudes) so that
+// t^2 + y1^2 + ... + y4^2 is 1 to about 2^-80; a candidate is kept only if the encoder's own
+// sequential double sum (which rounds along the way) gives exactly 1.
+template <int bits>
+static void add_ties(std::vector<float> & v) {
+    constexpr int levels = 1 << bits;
+    const float * thr = tq_host::TQ_THRESHOLDS_4BIT;
+    if (bits == 2) { thr = tq_host::TQ_THRESHOLDS_2BIT; }
+    if (bits == 3) { thr = tq_host::TQ_THRESHOLDS_3BIT; }
+    for (int t = 0; t < levels - 1; ++t) {
+        if (thr[t] == 0.0f) {
+            continue;
+        }
+        for (int attempt = 0; attempt < 16; ++attempt) {
+            // the largest filler 0..7 ulps below its greedy value: other rounding paths
+            const float sign = attempt % 2 ? -1.0f : 1.0f;
+            float y[5] = {sign * thr[t], 0, 0, 0, 0};
+            long double r = 1.0L - (long double) y[0] * y[0];
+            for (int i = 1; i < 5; ++i) {
+                float c = (float) sqrtl(r > 0 ? r : 0);
+                while ((long double) c * c > r) {
+                    c = nextafterf(c, 0.0f);
+                }
+                for (int k = 0; i == 1 && k < attempt / 2; ++k) {
+                    c = nextafterf(c, 0.0f);
+                }
+                y[i] = c;
+                r -= (long double) c * c;
+            }
+            for (float e : {0x1p-20f, 1.0f, 0x1p20f}) {
+                for (int order = 0; order < 2; ++order) {
+                    float x[TQ_BLOCK_VALUES] = {0};
+                    for (int i = 0; i < 5; ++i) {
+                        x[order ? 4 - i : 9 * i] = y[i] * e;
+                    }
+                    const double n = block_norm(x);
+                    const float x0 = y[0] * e;
+                    if (n == (double) e && (double) x0 / n == (double) y[0]) {
+                        v.insert(v.end(), x, x + TQ_BLOCK_VALUES);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// How the f32 classification fared on these vectors: values it sent to the double path,
+// among them the ones where the f32 decision alone would have been wrong, and exact ties.
+template <int bits>
+static void classify_stats(const std::vector<float> & x, int64_t & slow, int64_t & f32_wrong, int64_t & ties) {
+    constexpr int levels = 1 << bits;
+    const float * thr = tq_cuda_thresholds<bits>();
+    slow = f32_wrong = ties = 0;
+    for (size_t b = 0; b < x.size() / TQ_BLOCK_VALUES; ++b) {
+        const float * xb = x.data() + b * TQ_BLOCK_VALUES;
+        const double n = block_norm(xb);
+        if (n == 0.0 || !std::isfinite(n)) {
+            continue;
+        }
+        const float rf = tq_cuda_recip_f32(n);
+        for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+            bool s;
+            const int k = tq_cuda_classify<bits>(xb[j], n, rf, s);
+            slow += s;
+            const double u = tq_cuda_widen(xb[j]) / n;
+            float xs = xb[j];
+            if (std::isnan(xs)) { xs = 0.0f; }
+            if (std::isinf(xs)) { xs = xs > 0 ? 65504.0f : -65504.0f; }
+            const float uf = xs * rf;
+            int kf = 0;
+            for (int t = 0; t < levels - 1; ++t) {
+                kf += uf > thr[t];
+                ties += thr[t] != 0.0f && u == (double) thr[t];
+            }
+            f32_wrong += rf != 0.0f && kf != k;
+        }
+    }
+}
+
 // Test vectors: Gaussian blocks at scales from 1e-30 to 1e30, heavy tails, sparse blocks,
 // and every special value the encoder has a rule for.
 static std::vector<float> make_vectors() {
@@ -78,6 +212,18 @@ static std::vector<float> make_vectors() {
             v.push_back((j == b % 64 || j == (b * 7) % 64 || (b % 3 == 0 && j == 5)) ? gauss() : 0.0f);
         }
     }
+    for (int b = 0; b < 8000; ++b) { // volume: Gaussian blocks at log-uniform scales 1e-20 .. 1e20
+        const float sc = (float) pow(10.0, -20.0 + 40.0 * unif());
+        for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+            v.push_back(sc * gauss());
+        }
+    }
+    add_near_threshold<2>(v, next);
+    add_near_threshold<3>(v, next);
+    add_near_threshold<4>(v, next);
+    add_ties<2>(v);
+    add_ties<3>(v);
+    add_ties<4>(v);
     const float nan = std::nanf(""), inf = INFINITY;
     const float specials[][4] = {
         {0.0f, 0.0f, 0.0f, 0.0f}, {-0.0f, 0.0f, -0.0f, 0.0f}, {nan, nan, nan, nan},
@@ -211,6 +357,18 @@ static int check_type(const std::vector<float> & x, bool device, int & failures)
     }
     failures += bad_unpack != 0;
 
+    if (!device) {
+        // The adversarial vectors must reach the double fallback, including values where f32
+        // alone decides wrong, and exact ties; otherwise they test nothing.
+        int64_t slow, wrong, ties;
+        classify_stats<bits>(x, slow, wrong, ties);
+        printf("host   turbo%d: %lld of %lld values classified in double (%lld of them wrong in f32 alone, %lld exact ties)\n",
+               bits, (long long) slow, (long long) n, (long long) wrong, (long long) ties);
+        if (wrong == 0 || ties == 0) {
+            fprintf(stderr, "turbo%d: the adversarial vectors no longer reach the fallback\n", bits);
+            failures += 1;
+        }
+    }
     printf("%s turbo%d: %lld blocks encoded, %lld differ; %lld values decoded, %lld differ\n",
            device ? "device" : "host  ", bits, (long long) nb, (long long) bad_blocks, (long long) n2, (long long) bad_values);
     failures += bad_blocks != 0 || bad_values != 0;
