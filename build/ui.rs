@@ -16,10 +16,14 @@ pub fn provide(src: &Path, sdist_sha256: &str) -> Result<String, String> {
     let mode = std::env::var("TQ_WEB_UI").unwrap_or_else(|_| "auto".into());
     let dest = src.join("tools/ui/dist");
     let stamp = src.join("tools/ui/.turboquant-ui");
-    if mode == "off" {
+    // an API-only build must not embed what an earlier build copied here
+    let api_only = |why: &str| {
         let _ = fs::remove_dir_all(&dest);
         let _ = fs::remove_file(&stamp);
-        return Ok("api-only: built with TQ_WEB_UI=off".into());
+        format!("api-only: {why}")
+    };
+    if mode == "off" {
+        return Ok(api_only("built with TQ_WEB_UI=off"));
     }
     if mode != "auto" && mode != "on" {
         return Err(format!("TQ_WEB_UI={mode}: expected on, off or auto"));
@@ -38,10 +42,10 @@ pub fn provide(src: &Path, sdist_sha256: &str) -> Result<String, String> {
             }
             println!(
                 "cargo:warning=turboquant: llama-server is built API-only, without its web UI: \
-                 {why}. For the chat page install Node.js 18+ with npm and rebuild with \
+                 {why}. For the chat page install Node.js 20+ with npm and rebuild with \
                  `TQ_WEB_UI=on cargo build --release`."
             );
-            return Ok(format!("api-only: {why}"));
+            return Ok(api_only(&why));
         }
     }
     let _ = fs::remove_dir_all(&dest);
