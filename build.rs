@@ -13,6 +13,8 @@ mod bindings;
 mod cache_dir;
 #[path = "build/cmake.rs"]
 mod cmake;
+#[path = "build/ui.rs"]
+mod ui;
 #[path = "build/vendor.rs"]
 mod vendor;
 
@@ -48,6 +50,9 @@ fn run(root: &std::path::Path) -> Result<(), String> {
     println!("cargo:rerun-if-env-changed=TQ_CUDA_ARCHS");
 
     let src = vendor::materialise(root)?;
+    let pin = vendor::Pin::read(root)?;
+    let web_ui = ui::provide(&src, pin.get("sha256")?)?;
+    println!("cargo:rustc-env=TQ_WEB_UI_STATE={web_ui}");
     let build_dir = cmake::build_dir(root);
     cmake::build(root, &src, &build_dir)?;
     cmake::emit_link_args(&build_dir)?;

@@ -279,9 +279,7 @@ fn serve(
         base as f64 / ours as f64,
         kv::human_bytes((base - ours) as f64)
     );
-    println!(
-        "serving    http://127.0.0.1:{port}  (OpenAI API at /v1, health at /health; Ctrl-C stops)"
-    );
+    println!("{}", serving_line(port));
     let status = Command::new(server)
         .arg("-m")
         .arg(&path)
@@ -294,6 +292,22 @@ fn serve(
     Ok(ExitCode::from(
         status.code().unwrap_or(1).clamp(0, 255) as u8
     ))
+}
+
+/// The line that names the URL: the chat page when the build embedded llama.cpp's web UI
+/// (build/ui.rs), else where it would be and how to get it.
+fn serving_line(port: u16) -> String {
+    let url = format!("http://127.0.0.1:{port}");
+    match option_env!("TQ_WEB_UI_STATE").unwrap_or("api-only: built without llama.cpp") {
+        "embedded" => {
+            format!("serving    {url}  (chat page; OpenAI API at /v1, health at /health; Ctrl-C stops)")
+        }
+        why => format!(
+            "serving    {url}/v1  (OpenAI API, health at /health; Ctrl-C stops)\n\
+             web UI     none at {url}/ ({why}); install Node.js with npm and rebuild with \
+             `TQ_WEB_UI=on cargo build --release` for the chat page there"
+        ),
+    }
 }
 
 fn memory(model: Option<&str>, ctx: u64, np: u64, json: bool) -> Result<ExitCode, String> {
