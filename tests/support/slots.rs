@@ -51,6 +51,8 @@ pub struct Completion {
     pub content: String,
     /// prompt tokens evaluated (the rest came from the slot's cache)
     pub prompt_n: u64,
+    /// milliseconds spent generating the tokens
+    pub predicted_ms: f64,
 }
 
 /// Greedy completion of a token prompt on `slot`, EOS ignored so that the length is fixed.
@@ -71,6 +73,7 @@ pub fn complete(srv: &Server, slot: usize, prompt: &[u64], n: u32) -> Completion
         tokens,
         content: v["content"].as_str().unwrap().to_string(),
         prompt_n: v["timings"]["prompt_n"].as_u64().unwrap(),
+        predicted_ms: v["timings"]["predicted_ms"].as_f64().unwrap_or(0.0),
     }
 }
 
