@@ -72,16 +72,13 @@ fn client_error_or_clean(name: &str, code: u16, body: &str) {
     eprintln!("{name}: {code} {}", v["error"]["message"]);
 }
 
-/// Today llama-server answers these with 500 (`server_error`): upstream's handler wrapper
-/// maps only std::invalid_argument to 400, and a JSON parse error (common_json_error) or
-/// common/chat.cpp's "Failed to parse messages" (a runtime_error) become 500. The server
-/// stays healthy. The fix (two catch/throw lines in the patch) is in docs/RELIABILITY.md;
-/// until it is in, this test documents the gap instead of passing on a 500.
+/// Malformed JSON bodies, and mistyped values that reach a JSON accessor unchecked, are
+/// the client's error: 400. Upstream answered 500; our patch maps common_json_error and
+/// "Failed to parse messages" to 400 (tools/server/server.cpp, common/chat.cpp).
 #[test]
-#[ignore = "llama-server answers malformed JSON with 500 today: docs/RELIABILITY.md"]
 fn malformed_json_is_a_client_error() {
     let h = Harness::start("json");
-    // mistyped values that reach a JSON accessor unchecked: 500 today for the same reason
+    // mistyped values that reach a JSON accessor unchecked
     for (path, body) in [
         ("/v1/chat/completions", json!({"messages": [{"role": 7, "content": "hi"}], "max_tokens": 4})),
         ("/detokenize", json!({"tokens": ["a"]})),
