@@ -7,7 +7,9 @@ requests from many client threads: short and long prompts, 8 to 96 tokens, strea
 some streams cut off by the client mid-way. Then it sends the same prompts one at a time
 at temperature 0 and counts how many batched answers are identical. Prints requests,
 errors, p50/p99 latency, resident memory after warm-up / peak / after the load; exits 1 on
-any 5xx, transport error, incomplete answer, crash or resident-memory growth.
+any 5xx, transport error, incomplete or cut answer (streams carry their usage and are
+length-checked), completed != requested - cancelled, a crash, resident memory growing past
+--rss-slack + 16 MiB after warm-up, or batched-vs-alone agreement below --agree-floor.
 
     scripts/load_test.py                         # turbo4 K / turbo3 V, 300 requests
     scripts/load_test.py --ctk f16 --ctv f16     # the same on f16 caches
@@ -83,8 +85,11 @@ def chat(port, i, allow_cancel=True, timeout=300):
     prompt, max_tokens, streamed, cancel = mixed_request(i)
     if not allow_cancel:
         cancel = None
-    body = json.dumps({"messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": max_tokens, "temperature": 0, "stream": streamed})
+    req = {"messages": [{"role": "user", "content": prompt}],
+           "max_tokens": max_tokens, "temperature": 0, "stream": streamed}
+    if streamed:
+        req["stream_options"] = {"include_usage": True}  # the token count, to length-check
+    body = json.dumps(req)
     t0 = time.monotonic()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -98,7 +103,7 @@ def chat(port, i, allow_cancel=True, timeout=300):
             return {"text": c["message"]["content"] or "", "finish": c["finish_reason"],
                     "tokens": v["usage"]["completion_tokens"], "latency": time.monotonic() - t0,
                     "max": max_tokens}
-        text, finish, tokens, events, done = "", None, 0, 0, False
+        text, finish, tokens, events, deltas, done = "", None, 0, 0, 0, False
         while True:
             line = resp.readline()
             if not line:
@@ -114,7 +119,9 @@ def chat(port, i, allow_cancel=True, timeout=300):
             events += 1
             if e.get("choices"):
                 c = e["choices"][0]
-                text += (c.get("delta") or {}).get("content") or ""
+                piece = (c.get("delta") or {}).get("content") or ""
+                text += piece
+                deltas += bool(piece)
                 finish = c.get("finish_reason") or finish
             if e.get("usage"):
                 tokens = e["usage"].get("completion_tokens", tokens)
@@ -123,6 +130,10 @@ def chat(port, i, allow_cancel=True, timeout=300):
                 return None
         if not done:
             raise Failure(f"request {i}: stream ended without [DONE]")
+        if tokens <= 0:
+            raise Failure(f"request {i}: stream without a usage chunk (include_usage)")
+        if deltas > tokens:
+            raise Failure(f"request {i}: {deltas} content deltas for {tokens} tokens")
         return {"text": text, "finish": finish, "tokens": tokens,
                 "latency": time.monotonic() - t0, "max": max_tokens}
     except (OSError, http.client.HTTPException, ValueError) as e:
@@ -134,7 +145,7 @@ def chat(port, i, allow_cancel=True, timeout=300):
 def check_complete(i, a):
     if a["finish"] not in ("stop", "length"):
         raise Failure(f"request {i}: finish_reason {a['finish']!r}")
-    if a["finish"] == "length" and a["tokens"] and a["tokens"] != a["max"]:
+    if a["finish"] == "length" and a["tokens"] != a["max"]:
         raise Failure(f"request {i}: {a['tokens']} of {a['max']} tokens")
     if not a["text"].strip():
         raise Failure(f"request {i}: empty answer")
@@ -191,11 +202,16 @@ def main():
                     help="answers re-asked one at a time to compare (0: none)")
     ap.add_argument("--cache-ram", default="0",
                     help="llama-server --cache-ram MiB (0: off, so resident memory must stay flat)")
-    ap.add_argument("--rss-slack", type=float, default=0.05, help="allowed RSS growth after warm-up")
+    ap.add_argument("--rss-slack", type=float, default=0.05,
+                    help="allowed RSS growth after warm-up (fraction, plus 16 MiB)")
+    ap.add_argument("--agree-floor", type=float, default=0.5,
+                    help="least share of batched answers identical to one-at-a-time ones (cross-talk "
+                         "between slots breaks it; summation order alone does not, docs/RELIABILITY.md)")
     args = ap.parse_args()
 
     model = args.model or subprocess.run([os.path.join(os.path.dirname(args.server), "tq"), "fetch"],
-                                         check=True, capture_output=True, text=True).stdout.strip()
+                                         check=True, capture_output=True, text=True,
+                                         timeout=900).stdout.strip()
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="tq-load-server-", suffix=".log", delete=False)
     cmd = [args.server, "-m", model, "--host", "127.0.0.1", "--port", str(port),
@@ -283,6 +299,12 @@ def main():
         if rss_end > rss_warm * (1 + args.rss_slack) + 16 * 1024:
             failures.append("resident memory grew")
             print(f"FAIL resident memory grew by more than {args.rss_slack:.0%} + 16 MiB")
+        if len(batched) != args.requests - cancelled:
+            failures.append("completed != requested - cancelled")
+            print(f"FAIL {len(batched)} complete answers, expected {args.requests} - {cancelled}")
+        if args.compare and (compared == 0 or same < args.agree_floor * compared):
+            failures.append("batched-vs-alone agreement below the floor")
+            print(f"FAIL batched == alone for {same}/{compared}, floor {args.agree_floor:.0%}")
     finally:
         if srv.poll() is None:
             srv.send_signal(signal.SIGTERM)

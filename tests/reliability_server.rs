@@ -54,13 +54,17 @@ fn mixed_request(i: usize) -> (String, u32, bool, Option<usize>) {
 }
 
 fn chat_body(prompt: &str, max_tokens: u32, streamed: bool) -> String {
-    json!({
+    // a stream carries its token count only with include_usage: needed to length-check it
+    let mut v = json!({
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": streamed,
-    })
-    .to_string()
+    });
+    if streamed {
+        v["stream_options"] = json!({"include_usage": true});
+    }
+    v.to_string()
 }
 
 #[derive(Debug, Clone)]
@@ -103,16 +107,23 @@ fn chat(port: u16, i: usize, allow_cancel: bool) -> Result<Option<Answer>, Strin
     }
     let mut text = String::new();
     let mut finish = String::new();
-    let mut tokens = 0;
+    let (mut tokens, mut deltas) = (0, 0);
     for e in &s.events {
         let c = &e["choices"][0];
-        text += c["delta"]["content"].as_str().unwrap_or_default();
+        let piece = c["delta"]["content"].as_str().unwrap_or_default();
+        text += piece;
+        deltas += !piece.is_empty() as u64;
         if let Some(f) = c["finish_reason"].as_str() {
             finish = f.to_string();
         }
         if let Some(n) = e["usage"]["completion_tokens"].as_u64() {
             tokens = n;
         }
+    }
+    if tokens == 0 || deltas > tokens {
+        return Err(format!(
+            "request {i}: stream usage says {tokens} tokens for {deltas} content deltas"
+        ));
     }
     Ok(Some(Answer {
         text,
@@ -128,9 +139,10 @@ fn check_complete(i: usize, a: &Answer) {
         "request {i}: finish_reason {:?}",
         a.finish
     );
-    if a.finish == "length" && a.tokens > 0 {
+    if a.finish == "length" {
         assert_eq!(a.tokens, max_tokens as u64, "request {i}: cut short");
     }
+    assert!(a.tokens <= max_tokens as u64, "request {i}: {} tokens", a.tokens);
     assert!(!a.text.trim().is_empty(), "request {i}: empty answer");
 }
 

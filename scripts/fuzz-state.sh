@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Fuzz the turbo state reader: fuzz/state/state_fuzz.cpp around llama_state_seq_set_data,
+# with llama + ggml built under ASan + UBSan (target/sanitize/llama), on a tiny random-weight
+# model (scripts/random_gguf.py: 2 layers, head 64), seeded with real sequence states of
+# turbo caches (fuzz/corpus/state/, written by the harness with --write-seeds when empty).
+#
+#   scripts/fuzz-state.sh [ITERATIONS] [RNG_SEED]      (default 20000, 1)
+#   TQ_FUZZ_STATE_RELEASE=1 scripts/fuzz-state.sh ...  (links the release llama of
+#       `cargo build --release` instead: no sanitizer build, only the harness has ASan, so
+#       crashes, aborts, double frees and poisoning are found, out-of-bounds reads inside
+#       llama are not)
+#
+# Needs python3 with numpy for the model (TQ_PYTHON, default python3); gguf comes from the
+# llama.cpp tree. A finding aborts with the input in target/sanitize/state-findings/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+iters=${1:-20000}
+seed=${2:-1}
+py=${TQ_PYTHON:-python3}
+cache=${TQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/turboquant}
+export CCACHE_DIR=${CCACHE_DIR:-$cache/ccache} CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+build=$root/target/sanitize/llama
+
+# the codec as a static library (the turbo types call into it) and vendor/llama.cpp
+cargo build --release --lib 2>&1 | grep -Ev '^\s+(Compiling|Blocking)' || true
+lib=$root/target/release/libturboquant.a
+[ -f "$lib" ] && [ -d vendor/llama.cpp ] || { echo "fuzz-state: cargo build --release failed" >&2; exit 1; }
+
+if [ "${TQ_FUZZ_STATE_RELEASE:-0}" = 1 ]; then
+  build=$root/target/llama.cpp-build
+else
+  cmake -S vendor/llama.cpp -B "$build" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_UNDEFINED=ON -DLLAMA_SANITIZE_ADDRESS=ON \
+    -DLLAMA_SANITIZE_UNDEFINED=ON -DGGML_NATIVE=ON -DGGML_CCACHE=ON \
+    -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+    -DTQ_EXT_DIR="$root/ggml-ext" >/dev/null
+  cmake --build "$build" -j "${NUM_JOBS:-2}" --target llama >/dev/null
+fi
+
+mkdir -p "$root/target/sanitize"
+exe=$root/target/sanitize/state_fuzz
+g=$build/ggml/src
+rpc=$(find "$g" -name libggml-rpc.a | head -1) # the release build has GGML_RPC on
+g++ -std=c++17 -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
+  -I vendor/llama.cpp/include -I vendor/llama.cpp/ggml/include fuzz/state/state_fuzz.cpp \
+  "$build/src/libllama.a" "$g/libggml.a" $rpc "$g/libggml-cpu.a" "$g/libggml-base.a" "$lib" \
+  -lpthread -ldl -lm -o "$exe"
+
+model=$root/target/sanitize/state-fuzz-model.gguf
+if [ ! -f "$model" ]; then
+  tok=$(target/release/tq fetch)
+  PYTHONPATH=vendor/llama.cpp/gguf-py "$py" scripts/random_gguf.py --tokenizer-from "$tok" \
+    --head 64 --n-head 2 --n-head-kv 1 --n-layer 2 --seed 7 -o "$model" >/dev/null
+fi
+
+corpus=$root/fuzz/corpus/state
+mkdir -p "$corpus"
+flag=
+[ -n "$(ls -A "$corpus")" ] || flag=--write-seeds
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+start=$(date +%s)
+"$exe" "$model" "$corpus" "$iters" "$seed" "$root/target/sanitize/state-findings" $flag
+what="llama and harness under ASan+UBSan"
+[ "${TQ_FUZZ_STATE_RELEASE:-0}" = 1 ] && what="release llama, harness under ASan+UBSan"
+echo "fuzz-state: $iters executions in $(( $(date +%s) - start )) s ($what)"

@@ -1,0 +1,146 @@
+//! Saved turbo state that would poison a cache is refused before anything is adopted.
+//! A state carries each layer's K mean m and K/Q balancing scale s (as s - 1); s divides
+//! every query, and a NaN m survives even an emptied cache (the modes multiply it by 0).
+//! The restore path (tq-llama-kv-cache.inc) refuses non-finite values, an s outside the
+//! writer's clamp [1/8, 8], an unknown tag, and a mean that differs from the one a busy
+//! cache uses; llama-server answers 400 and the cache keeps answering as before.
+//! Figures in docs/RELIABILITY.md.
+
+mod support;
+
+use support::server::Server;
+use support::slots::*;
+
+const PROMPT_A: &str = "The lighthouse keeper climbed the stairs every evening. He counted the \
+    steps, lit the lamp and watched the ships pass through the narrow channel between the \
+    rocks. One night a storm came from the west and";
+const PROMPT_B: &str = "Quarterly report: revenue grew in every region, costs fell for the \
+    third year in a row, the new factory opened on time, and after a long discussion about \
+    the dividend the board finally approved";
+
+fn set_f32(f: &mut [u8], o: usize, v: f32) {
+    f[o..o + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Restores `file` into `slot`; must be refused with 400 and `log_says` in the server log.
+fn refused(srv: &mut Server, slot: usize, name: &str, file: &str, log_says: &str) {
+    let before = srv.log_text().len();
+    let r = slot_action(srv, slot, "restore", file);
+    assert!(srv.alive(), "{name}: llama-server died:\n{}", srv.log_tail());
+    assert_eq!(r.code, 400, "{name}: expected a refusal, got {}: {}", r.code, r.body);
+    assert!(r.body.contains("Unable to restore slot"), "{name}: {}", r.body);
+    let log = srv.log_text();
+    assert!(
+        log[before..].contains(log_says),
+        "{name}: the log does not say {log_says:?}:\n{}",
+        &log[before..]
+    );
+    eprintln!("{name}: 400, log: {log_says:?}");
+}
+
+/// NaN mean (first and last layer), s = 0, s = 1e30, s = NaN, s = 9 (past the clamp), an
+/// unknown tag, the tag of the other mode, and a file cut inside the tag: each refused with
+/// 400 and its own log line, the server alive, and the slot then answers exactly as before
+/// (a poisoned mean would change or NaN every answer). s = 8, the clamp's edge, is taken.
+#[test]
+fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
+    let dir = slot_dir("poison");
+    let mut srv = slot_server(&dir, 1, &[]);
+    let p = tokens(&srv, PROMPT_A);
+    assert!(p.len() >= 32, "the prompt sets the mean (>= 32 tokens): {}", p.len());
+    let good_answer = complete(&srv, 0, &p, 12);
+    slot_ok(&srv, 0, "save", "good.bin");
+    let good = std::fs::read(dir.join("good.bin")).unwrap();
+    let st = turbo_state_layout(&good);
+    assert_eq!(st.tags.len(), 30, "SmolLM2-135M has 30 layers");
+    assert_eq!(&good[st.tags[0]..st.tags[0] + 4], b"TQB2", "balancing on by default");
+    let n = st.n_values / 2;
+    let m0 = st.tags[0] + 4; // layer 0's m[0]
+    let s0 = m0 + 4 * n; // layer 0's s[0] - 1
+    let last = *st.tags.last().unwrap();
+
+    let cases: Vec<(&str, Vec<u8>, &str)> = {
+        let with = |o: usize, v: f32| {
+            let mut f = good.clone();
+            set_f32(&mut f, o, v);
+            f
+        };
+        let mut tag = good.clone();
+        tag[st.tags[3]..st.tags[3] + 4].copy_from_slice(&0x1234_5678u32.to_le_bytes());
+        let mut other = good.clone();
+        other[st.tags[0]..st.tags[0] + 4].copy_from_slice(b"TQM2");
+        vec![
+            ("NaN mean, layer 0", with(m0 + 4 * 5, f32::NAN), "K mean is not finite"),
+            ("+inf mean, last layer", with(last + 4 + 4 * 7, f32::INFINITY), "K mean is not finite"),
+            ("s = 0", with(s0, -1.0), "balancing scale 0 is 0"),
+            ("s = 1e30", with(s0 + 4 * 9, 1e30), "balancing scale 9 is 1e+30"),
+            ("s = NaN", with(s0, f32::NAN), "balancing scale 0 is nan"),
+            ("s = 9", with(s0, 8.0), "balancing scale 0 is 9"),
+            ("unknown tag, layer 3", tag, "unknown turbo K mean tag 0x12345678"),
+            ("mean-only tag in a balancing cache", other, "does not match this cache's"),
+            ("cut inside the tag", good[..st.tags[0] + 2].to_vec(), "failed to restore kv cache"),
+        ]
+    };
+    for (i, (name, bytes, log_says)) in cases.iter().enumerate() {
+        let file = format!("bad{i}.bin");
+        std::fs::write(dir.join(&file), bytes).unwrap();
+        refused(&mut srv, 0, name, &file, log_says);
+        let again = complete(&srv, 0, &p, 12);
+        assert_eq!(again.tokens, good_answer.tokens, "{name}: answer changed after the refusal");
+        assert_eq!(again.content, good_answer.content);
+    }
+
+    // the edge of the clamp is what the writer can produce: adopted
+    let mut edge = good.clone();
+    set_f32(&mut edge, s0, 7.0);
+    std::fs::write(dir.join("edge.bin"), &edge).unwrap();
+    let r = slot_action(&srv, 0, "restore", "edge.bin");
+    assert_eq!(r.code, 200, "s = 8 refused: {}", r.body);
+    srv.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Slot 1's greedy answers to PROMPT_B (prompt, then a continuation from its cache), with
+/// or without a restore of `file` into slot 0 in between.
+fn live_slot_run(srv: &mut Server, file: Option<&str>) -> (Completion, Completion) {
+    let b = tokens(srv, PROMPT_B);
+    let first = complete(srv, 1, &b, 16);
+    if let Some(f) = file {
+        refused(srv, 0, "restore into a busy cache", f, "differs from the one this cache's other sequences use");
+    }
+    let bb: Vec<u64> = b.iter().chain(&first.tokens).copied().collect();
+    let next = complete(srv, 1, &bb, 16);
+    assert!(next.prompt_n < 4, "slot 1's cache was not reused ({} evaluated)", next.prompt_n);
+    (first, next)
+}
+
+/// `-np 2`: a state saved from slot 0 (mean of prompt A) restored into slot 0 while slot 1
+/// is live with the mean of prompt B: refused (the cache's other keys were stored with
+/// another mean), slot 1's continuation byte-identical to a server where no restore was
+/// tried; after slot 1 is erased the same file restores.
+#[test]
+fn restore_into_a_busy_cache_with_another_mean_is_refused_and_the_live_slot_is_untouched() {
+    let dir = slot_dir("busy");
+    let mut srv = slot_server(&dir, 2, &[]);
+    let a = tokens(&srv, PROMPT_A);
+    complete(&srv, 0, &a, 8);
+    slot_ok(&srv, 0, "save", "a.bin");
+    slot_ok(&srv, 0, "erase", "");
+    let (first, next) = live_slot_run(&mut srv, Some("a.bin"));
+    slot_ok(&srv, 1, "erase", "");
+    let r = slot_action(&srv, 0, "restore", "a.bin");
+    assert_eq!(r.code, 200, "restore into the emptied cache: {}", r.body);
+    srv.stop();
+
+    let mut reference = slot_server(&dir, 2, &[]);
+    let (rfirst, rnext) = live_slot_run(&mut reference, None);
+    reference.stop();
+    assert_eq!(first.content, rfirst.content);
+    assert_eq!(
+        (next.tokens.clone(), next.content.clone()),
+        (rnext.tokens, rnext.content),
+        "slot 1's continuation changed by the refused restore"
+    );
+    eprintln!("live slot continuation: {:?}", next.content);
+    let _ = std::fs::remove_dir_all(&dir);
+}
