@@ -29,8 +29,7 @@ pub fn provide(src: &Path, sdist_sha256: &str) -> Result<String, String> {
         return Err(format!("TQ_WEB_UI={mode}: expected on, off or auto"));
     }
     let key = &sdist_sha256[..16];
-    if fs::read_to_string(&stamp).ok().as_deref() == Some(key) && dest.join("index.html").exists()
-    {
+    if fs::read_to_string(&stamp).ok().as_deref() == Some(key) && dest.join("index.html").exists() {
         return Ok("embedded".into());
     }
     let cache = super::cache_dir::cache_dir().join("ui").join(key);
@@ -50,11 +49,7 @@ pub fn provide(src: &Path, sdist_sha256: &str) -> Result<String, String> {
     }
     let _ = fs::remove_dir_all(&dest);
     sh(
-        &format!(
-            "cp -R '{}' '{}'",
-            dist.display(),
-            dest.display()
-        ),
+        &format!("cp -R '{}' '{}'", dist.display(), dest.display()),
         "copying the cached web UI",
     )?;
     fs::write(&stamp, key).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
@@ -82,7 +77,11 @@ fn npm_build(src: &Path, cache: &Path) -> Result<(), String> {
         ),
         "copying tools/ui",
     )?;
-    sh_in(&work, "npm ci --no-audit --no-fund --loglevel=error", "npm ci in tools/ui")?;
+    sh_in(
+        &work,
+        "npm ci --no-audit --no-fund --loglevel=error",
+        "npm ci in tools/ui",
+    )?;
     sh_in(
         &work,
         &format!(
@@ -92,7 +91,10 @@ fn npm_build(src: &Path, cache: &Path) -> Result<(), String> {
         "npm run build in tools/ui",
     )?;
     if !tmp.join("index.html").exists() {
-        return Err(format!("npm run build left no {}/index.html", tmp.display()));
+        return Err(format!(
+            "npm run build left no {}/index.html",
+            tmp.display()
+        ));
     }
     fs::rename(&tmp, cache.join("dist")).map_err(|e| format!("cannot keep the web UI: {e}"))?;
     let _ = fs::remove_dir_all(&work);
@@ -121,5 +123,9 @@ fn sh_in(dir: &Path, script: &str, what: &str) -> Result<(), String> {
     let err = String::from_utf8_lossy(&out.stderr);
     let tail: Vec<&str> = err.lines().rev().take(8).collect();
     let tail: Vec<&str> = tail.into_iter().rev().collect();
-    Err(format!("{what} failed ({}): {}", out.status, tail.join(" | ")))
+    Err(format!(
+        "{what} failed ({}): {}",
+        out.status,
+        tail.join(" | ")
+    ))
 }

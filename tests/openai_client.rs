@@ -3,51 +3,24 @@
 //! tests/openai/client_check.py. docs/ECOSYSTEM.md shows its output.
 
 mod support;
+use support::run_limited;
 
 #[path = "../build/cache_dir.rs"]
 mod cache_dir;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::server::Server;
 
 const OPENAI: &str = "openai==3.57.0";
 const CTX: u32 = 512;
 
-/// Runs `cmd` with a wall-clock limit; stdout, or a panic with what it printed.
-fn run_limited(cmd: &mut Command, limit: Duration, what: &str) -> String {
-    let out = std::env::temp_dir().join(format!("tq-openai-{}.out", std::process::id()));
-    let err = out.with_extension("err");
-    let mut child = cmd
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::create(&err).unwrap())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let (o, e) = (
-        std::fs::read_to_string(&out).unwrap_or_default(),
-        std::fs::read_to_string(&err).unwrap_or_default(),
-    );
-    let _ = (std::fs::remove_file(&out), std::fs::remove_file(&err));
-    assert!(status.success(), "{what} failed ({status}):\n{o}\n{e}");
-    o
-}
-
 /// A virtualenv with the pinned client, made once per version in the cache.
 fn venv() -> PathBuf {
-    let dir = cache_dir::cache_dir().join("venv").join(OPENAI.replace("==", "-"));
+    let dir = cache_dir::cache_dir()
+        .join("venv")
+        .join(OPENAI.replace("==", "-"));
     let py = dir.join("bin/python");
     if py.exists() && dir.join(".complete").exists() {
         return py;
@@ -59,7 +32,14 @@ fn venv() -> PathBuf {
         "python3 -m venv (Debian: apt-get install python3-venv)",
     );
     run_limited(
-        Command::new(&py).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", OPENAI]),
+        Command::new(&py).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            OPENAI,
+        ]),
         Duration::from_secs(300),
         "pip install openai",
     );
@@ -71,7 +51,9 @@ fn venv() -> PathBuf {
 fn openai_python_client_chats_streams_lists_models_and_sees_overflow_as_an_error() {
     let py = venv();
     let ctx = CTX.to_string();
-    let srv = Server::start(&["-ctk", "turbo4", "-ctv", "turbo3", "-fa", "on", "-c", &ctx, "-np", "1"]);
+    let srv = Server::start(&[
+        "-ctk", "turbo4", "-ctv", "turbo3", "-fa", "on", "-c", &ctx, "-np", "1",
+    ]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai/client_check.py");
     let out = run_limited(
         Command::new(&py)

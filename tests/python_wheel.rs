@@ -5,41 +5,11 @@
 //! long for every CI run: it runs only with TQ_PYTHON_WHEEL=1.
 
 mod support;
+use support::run_limited;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
-
-/// Runs `cmd` with a wall-clock limit; its stdout, or a panic with what it printed.
-fn run_limited(cmd: &mut Command, limit: Duration, what: &str) -> String {
-    let out = std::env::temp_dir().join(format!("tq-wheel-{}.out", std::process::id()));
-    let err = out.with_extension("err");
-    let mut child = cmd
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::create(&err).unwrap())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let (o, e) = (
-        std::fs::read_to_string(&out).unwrap_or_default(),
-        std::fs::read_to_string(&err).unwrap_or_default(),
-    );
-    let _ = (std::fs::remove_file(&out), std::fs::remove_file(&err));
-    let tail = &e[e.len().saturating_sub(6000)..];
-    assert!(status.success(), "{what} failed ({status}):\n{o}\n{tail}");
-    o
-}
+use std::time::Duration;
 
 #[test]
 fn llama_cpp_python_wheel_generates_with_turbo_caches() {

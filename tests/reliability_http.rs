@@ -38,20 +38,26 @@ impl Harness {
     }
 
     fn post(&self, path: &str, body: &str) -> (u16, String) {
-        let r = self
-            .srv
-            .request("POST", path, body)
-            .unwrap_or_else(|e| panic!("{path} {body:?}: no answer ({e}):\n{}", self.srv.log_tail()));
+        let r = self.srv.request("POST", path, body).unwrap_or_else(|e| {
+            panic!("{path} {body:?}: no answer ({e}):\n{}", self.srv.log_tail())
+        });
         (r.code, r.body)
     }
 
     /// The server is alive and healthy, slot 1 answers as before, it stops cleanly.
     fn finish(mut self) {
-        assert!(self.srv.alive(), "llama-server died:\n{}", self.srv.log_tail());
+        assert!(
+            self.srv.alive(),
+            "llama-server died:\n{}",
+            self.srv.log_tail()
+        );
         let h = self.srv.request("GET", "/health", "").unwrap();
         assert_eq!(h.code, 200, "/health: {}", h.body);
         let again = complete(&self.srv, 1, &self.prompt, 16);
-        assert_eq!(again.tokens, self.reference.tokens, "slot 1's answer changed");
+        assert_eq!(
+            again.tokens, self.reference.tokens,
+            "slot 1's answer changed"
+        );
         assert_eq!(again.content, self.reference.content);
         self.srv.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -61,13 +67,15 @@ impl Harness {
 /// A client error (4xx) with a JSON error body, or a complete 200 answer.
 fn client_error_or_clean(name: &str, code: u16, body: &str) {
     if code == 200 {
-        let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{name}: 200 but {e}: {body}"));
+        let v: Value =
+            serde_json::from_str(body).unwrap_or_else(|e| panic!("{name}: 200 but {e}: {body}"));
         assert!(v.get("error").is_none(), "{name}: {body}");
         eprintln!("{name}: 200 (clean answer)");
         return;
     }
     assert!((400..500).contains(&code), "{name}: HTTP {code}: {body}");
-    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{name}: {code} but {e}: {body}"));
+    let v: Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{name}: {code} but {e}: {body}"));
     assert!(v["error"]["message"].is_string(), "{name}: {body}");
     eprintln!("{name}: {code} {}", v["error"]["message"]);
 }
@@ -80,16 +88,38 @@ fn malformed_json_is_a_client_error() {
     let h = Harness::start("json");
     // mistyped values that reach a JSON accessor unchecked
     for (path, body) in [
-        ("/v1/chat/completions", json!({"messages": [{"role": 7, "content": "hi"}], "max_tokens": 4})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": 7, "content": "hi"}], "max_tokens": 4}),
+        ),
         ("/detokenize", json!({"tokens": ["a"]})),
     ] {
         let (code, text) = h.post(path, &body.to_string());
-        assert!((400..500).contains(&code), "{path} {body}: HTTP {code}: {text}");
+        assert!(
+            (400..500).contains(&code),
+            "{path} {body}: HTTP {code}: {text}"
+        );
     }
-    for path in ["/completion", "/v1/chat/completions", "/tokenize", "/v1/completions"] {
-        for body in ["{", "{\"prompt\": \"hi\",", "not json", "", "[1, 2", "{\"messages\": [}", "\u{0}\u{1}\u{2}"] {
+    for path in [
+        "/completion",
+        "/v1/chat/completions",
+        "/tokenize",
+        "/v1/completions",
+    ] {
+        for body in [
+            "{",
+            "{\"prompt\": \"hi\",",
+            "not json",
+            "",
+            "[1, 2",
+            "{\"messages\": [}",
+            "\u{0}\u{1}\u{2}",
+        ] {
             let (code, text) = h.post(path, body);
-            assert!((400..500).contains(&code), "{path} {body:?}: HTTP {code}: {text}");
+            assert!(
+                (400..500).contains(&code),
+                "{path} {body:?}: HTTP {code}: {text}"
+            );
         }
     }
     h.finish();
@@ -101,15 +131,39 @@ fn wrong_field_types_are_client_errors_or_clean_answers() {
     let cases = [
         ("/completion", json!({"prompt": 42, "n_predict": 4})),
         ("/completion", json!({"prompt": "hi", "n_predict": "many"})),
-        ("/completion", json!({"prompt": "hi", "n_predict": 4, "temperature": "hot"})),
-        ("/completion", json!({"prompt": {"text": "hi"}, "n_predict": 4})),
+        (
+            "/completion",
+            json!({"prompt": "hi", "n_predict": 4, "temperature": "hot"}),
+        ),
+        (
+            "/completion",
+            json!({"prompt": {"text": "hi"}, "n_predict": 4}),
+        ),
         ("/completion", json!({"prompt": [1e30, -5], "n_predict": 4})),
-        ("/completion", json!({"prompt": "hi", "n_predict": 4, "id_slot": "zero"})),
-        ("/completion", json!({"prompt": "hi", "n_predict": 4, "logit_bias": "none"})),
-        ("/v1/chat/completions", json!({"messages": "hi", "max_tokens": 4})),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": 7}], "max_tokens": 4})),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"})),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": "yes"})),
+        (
+            "/completion",
+            json!({"prompt": "hi", "n_predict": 4, "id_slot": "zero"}),
+        ),
+        (
+            "/completion",
+            json!({"prompt": "hi", "n_predict": 4, "logit_bias": "none"}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": "hi", "max_tokens": 4}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": 7}], "max_tokens": 4}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": "yes"}),
+        ),
         ("/tokenize", json!({"content": ["a", 1]})),
     ];
     for (path, body) in cases {
@@ -124,8 +178,14 @@ fn a_prompt_longer_than_the_context_is_refused_without_context_shift() {
     let h = Harness::start("long");
     let long = "the history of bread ".repeat(600); // ~2400 tokens, the slot has 1024
     for (path, body) in [
-        ("/completion", json!({"prompt": long, "n_predict": 8, "id_slot": 0})),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": long}], "max_tokens": 8})),
+        (
+            "/completion",
+            json!({"prompt": long, "n_predict": 8, "id_slot": 0}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": long}], "max_tokens": 8}),
+        ),
     ] {
         let (code, text) = h.post(path, &body.to_string());
         assert!((400..500).contains(&code), "{path}: HTTP {code}: {text}");
@@ -137,7 +197,11 @@ fn a_prompt_longer_than_the_context_is_refused_without_context_shift() {
 #[test]
 fn out_of_range_slot_ids_are_refused_or_wrap() {
     let h = Harness::start("ids");
-    for path in ["/slots/abc?action=save", "/slots/99999999999?action=erase", "/slots/0?action=explode"] {
+    for path in [
+        "/slots/abc?action=save",
+        "/slots/99999999999?action=erase",
+        "/slots/0?action=explode",
+    ] {
         let (code, text) = h.post(path, &json!({"filename": "x.bin"}).to_string());
         assert!((400..500).contains(&code), "{path}: HTTP {code}: {text}");
     }
@@ -161,12 +225,28 @@ fn slot_file_names_cannot_leave_the_save_directory() {
     let outside = h.dir.parent().unwrap().join("tq-escape.bin");
     let _ = std::fs::remove_file(&outside);
     for action in ["save", "restore"] {
-        for name in ["../tq-escape.bin", "../../tmp/tq-escape.bin", "/tmp/tq-escape.bin", "a/../../tq-escape.bin", "..", ""] {
-            let (code, text) = h.post(&format!("/slots/0?action={action}"), &json!({"filename": name}).to_string());
-            assert!((400..500).contains(&code), "{action} {name:?}: HTTP {code}: {text}");
+        for name in [
+            "../tq-escape.bin",
+            "../../tmp/tq-escape.bin",
+            "/tmp/tq-escape.bin",
+            "a/../../tq-escape.bin",
+            "..",
+            "",
+        ] {
+            let (code, text) = h.post(
+                &format!("/slots/0?action={action}"),
+                &json!({"filename": name}).to_string(),
+            );
+            assert!(
+                (400..500).contains(&code),
+                "{action} {name:?}: HTTP {code}: {text}"
+            );
         }
     }
-    assert!(!outside.exists(), "a slot file was written outside the save directory");
+    assert!(
+        !outside.exists(),
+        "a slot file was written outside the save directory"
+    );
     h.finish();
 }
 
@@ -200,7 +280,10 @@ fn concurrent_save_and_restore_of_one_slot() {
     let mut ok = 0;
     for t in threads {
         for (action, code, body) in t.join().unwrap() {
-            assert!(code == 200 || (400..500).contains(&code), "{action}: HTTP {code}: {body}");
+            assert!(
+                code == 200 || (400..500).contains(&code),
+                "{action}: HTTP {code}: {body}"
+            );
             ok += (code == 200) as usize;
         }
     }
@@ -208,7 +291,11 @@ fn concurrent_save_and_restore_of_one_slot() {
     slot_ok(&h.srv, 0, "restore", "s.bin");
     let p: Vec<u64> = h.prompt.iter().chain(&first.tokens).copied().collect();
     let next = complete(&h.srv, 0, &p, 8);
-    assert!(next.prompt_n < 4, "restored cache not used ({})", next.prompt_n);
+    assert!(
+        next.prompt_n < 4,
+        "restored cache not used ({})",
+        next.prompt_n
+    );
     h.finish();
 }
 
@@ -216,7 +303,12 @@ fn slot0(srv: &Server) -> Value {
     let r = srv.request("GET", "/slots", "").unwrap();
     assert_eq!(r.code, 200, "/slots: {}", r.body);
     let v: Value = serde_json::from_str(&r.body).unwrap();
-    v.as_array().unwrap().iter().find(|s| s["id"] == 0).unwrap().clone()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == 0)
+        .unwrap()
+        .clone()
 }
 
 /// A streamed request for 800 tokens whose client goes away after 3 events: slot 0 goes
@@ -236,17 +328,28 @@ fn a_cancelled_stream_frees_its_slot() {
         if st["is_processing"] == false {
             break st;
         }
-        assert!(t.elapsed() < Duration::from_secs(60), "slot 0 still busy 60 s after the cancel: {st}");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "slot 0 still busy 60 s after the cancel: {st}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     let idle = t.elapsed().as_secs_f64();
-    let n = st["next_token"][0]["n_decoded"].as_u64().expect("n_decoded");
+    let n = st["next_token"][0]["n_decoded"]
+        .as_u64()
+        .expect("n_decoded");
     // what the whole 800 tokens would take at this server's measured decode speed (the
     // reference answer: 16 tokens); a slot that kept generating is idle only after that
     let full = 800.0 * h.reference.predicted_ms / 16.0 / 1000.0;
     eprintln!("cancelled after 3 events: slot idle after {idle:.2} s (800 tokens: ~{full:.1} s), n_decoded {n}");
     assert!(full > 0.0, "no decode timing");
-    assert!(idle < full / 4.0, "slot 0 busy for {idle:.1} s after its client left (800 tokens take ~{full:.1} s)");
-    assert!(n < 200, "the slot decoded {n} of 800 tokens after its client left");
+    assert!(
+        idle < full / 4.0,
+        "slot 0 busy for {idle:.1} s after its client left (800 tokens take ~{full:.1} s)"
+    );
+    assert!(
+        n < 200,
+        "the slot decoded {n} of 800 tokens after its client left"
+    );
     h.finish();
 }

@@ -26,10 +26,16 @@ fn load_test_script_passes_a_short_mix_and_fails_on_an_impossible_bound() {
     let (ok, out) = load_test(&["--requests", "12", "--compare", "4"]);
     eprintln!("{out}");
     assert!(ok, "load_test.py failed:\n{out}");
-    assert!(out.contains("completed") && out.contains("batched == alone"), "{out}");
+    assert!(
+        out.contains("completed") && out.contains("batched == alone"),
+        "{out}"
+    );
 
     // a negative growth allowance: resident memory "grows" by definition
     let (ok, out) = load_test(&["--requests", "2", "--compare", "1", "--rss-slack", "-1"]);
-    assert!(!ok, "load_test.py passed with an impossible RSS bound:\n{out}");
+    assert!(
+        !ok,
+        "load_test.py passed with an impossible RSS bound:\n{out}"
+    );
     assert!(out.contains("FAIL resident memory grew"), "{out}");
 }

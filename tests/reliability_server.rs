@@ -142,7 +142,11 @@ fn check_complete(i: usize, a: &Answer) {
     if a.finish == "length" {
         assert_eq!(a.tokens, max_tokens as u64, "request {i}: cut short");
     }
-    assert!(a.tokens <= max_tokens as u64, "request {i}: {} tokens", a.tokens);
+    assert!(
+        a.tokens <= max_tokens as u64,
+        "request {i}: {} tokens",
+        a.tokens
+    );
     assert!(!a.text.trim().is_empty(), "request {i}: empty answer");
 }
 

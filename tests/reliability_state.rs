@@ -26,10 +26,28 @@ fn set_f32(f: &mut [u8], o: usize, v: f32) {
 fn refused(srv: &mut Server, slot: usize, name: &str, file: &str, log_says: &str) {
     let before = srv.log_text().len();
     let r = slot_action(srv, slot, "restore", file);
-    assert!(srv.alive(), "{name}: llama-server died:\n{}", srv.log_tail());
-    assert_eq!(r.code, 400, "{name}: expected a refusal, got {}: {}", r.code, r.body);
-    assert!(r.body.contains("Unable to restore slot"), "{name}: {}", r.body);
-    let log = srv.log_text();
+    assert!(
+        srv.alive(),
+        "{name}: llama-server died:\n{}",
+        srv.log_tail()
+    );
+    assert_eq!(
+        r.code, 400,
+        "{name}: expected a refusal, got {}: {}",
+        r.code, r.body
+    );
+    assert!(
+        r.body.contains("Unable to restore slot"),
+        "{name}: {}",
+        r.body
+    );
+    // llama's log is written by a thread of its own: give the line a moment to land
+    let t = std::time::Instant::now();
+    let mut log = srv.log_text();
+    while !log[before..].contains(log_says) && t.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        log = srv.log_text();
+    }
     assert!(
         log[before..].contains(log_says),
         "{name}: the log does not say {log_says:?}:\n{}",
@@ -47,13 +65,21 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
     let dir = slot_dir("poison");
     let mut srv = slot_server(&dir, 1, &[]);
     let p = tokens(&srv, PROMPT_A);
-    assert!(p.len() >= 32, "the prompt sets the mean (>= 32 tokens): {}", p.len());
+    assert!(
+        p.len() >= 32,
+        "the prompt sets the mean (>= 32 tokens): {}",
+        p.len()
+    );
     let good_answer = complete(&srv, 0, &p, 12);
     slot_ok(&srv, 0, "save", "good.bin");
     let good = std::fs::read(dir.join("good.bin")).unwrap();
     let st = turbo_state_layout(&good);
     assert_eq!(st.tags.len(), 30, "SmolLM2-135M has 30 layers");
-    assert_eq!(&good[st.tags[0]..st.tags[0] + 4], b"TQB2", "balancing on by default");
+    assert_eq!(
+        &good[st.tags[0]..st.tags[0] + 4],
+        b"TQB2",
+        "balancing on by default"
+    );
     let n = st.n_values / 2;
     let m0 = st.tags[0] + 4; // layer 0's m[0]
     let s0 = m0 + 4 * n; // layer 0's s[0] - 1
@@ -70,15 +96,39 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
         let mut other = good.clone();
         other[st.tags[0]..st.tags[0] + 4].copy_from_slice(b"TQM2");
         vec![
-            ("NaN mean, layer 0", with(m0 + 4 * 5, f32::NAN), "K mean is not finite"),
-            ("+inf mean, last layer", with(last + 4 + 4 * 7, f32::INFINITY), "K mean is not finite"),
+            (
+                "NaN mean, layer 0",
+                with(m0 + 4 * 5, f32::NAN),
+                "K mean is not finite",
+            ),
+            (
+                "+inf mean, last layer",
+                with(last + 4 + 4 * 7, f32::INFINITY),
+                "K mean is not finite",
+            ),
             ("s = 0", with(s0, -1.0), "balancing scale 0 is 0"),
-            ("s = 1e30", with(s0 + 4 * 9, 1e30), "balancing scale 9 is 1e+30"),
+            (
+                "s = 1e30",
+                with(s0 + 4 * 9, 1e30),
+                "balancing scale 9 is 1e+30",
+            ),
             ("s = NaN", with(s0, f32::NAN), "balancing scale 0 is nan"),
             ("s = 9", with(s0, 8.0), "balancing scale 0 is 9"),
-            ("unknown tag, layer 3", tag, "unknown turbo K mean tag 0x12345678"),
-            ("mean-only tag in a balancing cache", other, "does not match this cache's"),
-            ("cut inside the tag", good[..st.tags[0] + 2].to_vec(), "failed to restore kv cache"),
+            (
+                "unknown tag, layer 3",
+                tag,
+                "unknown turbo K mean tag 0x12345678",
+            ),
+            (
+                "mean-only tag in a balancing cache",
+                other,
+                "does not match this cache's",
+            ),
+            (
+                "cut inside the tag",
+                good[..st.tags[0] + 2].to_vec(),
+                "failed to restore kv cache",
+            ),
         ]
     };
     for (i, (name, bytes, log_says)) in cases.iter().enumerate() {
@@ -86,7 +136,10 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
         std::fs::write(dir.join(&file), bytes).unwrap();
         refused(&mut srv, 0, name, &file, log_says);
         let again = complete(&srv, 0, &p, 12);
-        assert_eq!(again.tokens, good_answer.tokens, "{name}: answer changed after the refusal");
+        assert_eq!(
+            again.tokens, good_answer.tokens,
+            "{name}: answer changed after the refusal"
+        );
         assert_eq!(again.content, good_answer.content);
     }
 
@@ -106,11 +159,21 @@ fn live_slot_run(srv: &mut Server, file: Option<&str>) -> (Completion, Completio
     let b = tokens(srv, PROMPT_B);
     let first = complete(srv, 1, &b, 16);
     if let Some(f) = file {
-        refused(srv, 0, "restore into a busy cache", f, "differs from the one this cache's other sequences use");
+        refused(
+            srv,
+            0,
+            "restore into a busy cache",
+            f,
+            "differs from the one this cache's other sequences use",
+        );
     }
     let bb: Vec<u64> = b.iter().chain(&first.tokens).copied().collect();
     let next = complete(srv, 1, &bb, 16);
-    assert!(next.prompt_n < 4, "slot 1's cache was not reused ({} evaluated)", next.prompt_n);
+    assert!(
+        next.prompt_n < 4,
+        "slot 1's cache was not reused ({} evaluated)",
+        next.prompt_n
+    );
     (first, next)
 }
 

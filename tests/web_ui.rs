@@ -4,6 +4,7 @@
 //! /usr/bin/chromium). docs/ECOSYSTEM.md has the figures.
 
 mod support;
+use support::run_limited;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -33,13 +34,33 @@ impl TqServe {
                 .arg("serve")
                 .arg("-m")
                 .arg(&model)
-                .args(["--ctk", "turbo4", "--ctv", "turbo3", "--port", &port.to_string()])
-                .args(["-c", "2048", "--", "-t", "1", "--alias", "SmolLM2-135M · KV cache turbo4 K + turbo3 V"])
+                .args([
+                    "--ctk",
+                    "turbo4",
+                    "--ctv",
+                    "turbo3",
+                    "--port",
+                    &port.to_string(),
+                ])
+                .args([
+                    "-c",
+                    "2048",
+                    "--",
+                    "-t",
+                    "1",
+                    "--alias",
+                    "SmolLM2-135M · KV cache turbo4 K + turbo3 V",
+                ])
                 .stdout(std::fs::File::create(&out).unwrap())
                 .stderr(std::fs::File::create(&err).unwrap())
                 .spawn()
                 .expect("start tq serve");
-            let mut s = TqServe { child, port, out, err };
+            let mut s = TqServe {
+                child,
+                port,
+                out,
+                err,
+            };
             let t = Instant::now();
             loop {
                 if request(port, "GET", "/health", "").is_ok_and(|r| r.code == 200) {
@@ -52,7 +73,10 @@ impl TqServe {
                     }
                     panic!("tq serve exited early ({st}):\n{log}");
                 }
-                assert!(t.elapsed() < Duration::from_secs(120), "tq serve not healthy after 120 s");
+                assert!(
+                    t.elapsed() < Duration::from_secs(120),
+                    "tq serve not healthy after 120 s"
+                );
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
@@ -86,9 +110,16 @@ fn browser_get(port: u16, path: &str) -> (u16, String, Vec<u8>) {
     .unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a header block");
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a header block");
     let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap();
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap();
     (code, head, raw[end + 4..].to_vec())
 }
 
@@ -97,14 +128,24 @@ fn tq_serve_prints_the_url_of_the_chat_page_and_serves_it() {
     let s = TqServe::start();
     let out = s.stdout();
     let url = format!("http://127.0.0.1:{}", s.port);
-    let line = out.lines().find(|l| l.starts_with("serving")).expect("a serving line");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("serving"))
+        .expect("a serving line");
     let (code, head, body) = browser_get(s.port, "/");
     if WEB_UI == "embedded" {
         assert!(line.contains(&url) && line.contains("chat page"), "{out}");
         assert_eq!(code, 200, "GET / of a build with the web UI: {head}");
         assert!(head.contains("content-type: text/html"), "{head}");
-        assert!(head.contains("content-encoding: gzip") && body.starts_with(&[0x1f, 0x8b]), "{head}");
-        assert_eq!(browser_get(s.port, "/sw.js").0, 200, "the UI's service worker");
+        assert!(
+            head.contains("content-encoding: gzip") && body.starts_with(&[0x1f, 0x8b]),
+            "{head}"
+        );
+        assert_eq!(
+            browser_get(s.port, "/sw.js").0,
+            200,
+            "the UI's service worker"
+        );
     } else {
         // API-only: the output says where the page would be and how to get it
         assert!(line.contains(&format!("{url}/v1")), "{out}");
@@ -114,32 +155,6 @@ fn tq_serve_prints_the_url_of_the_chat_page_and_serves_it() {
     // the API is there either way, with the turbo caches tq serve reports
     assert_eq!(request(s.port, "GET", "/v1/models", "").unwrap().code, 200);
     assert!(out.contains("(turbo4 K / turbo3 V, 2048 tokens)"), "{out}");
-}
-
-/// A command with a wall-clock limit; its output, or a panic naming what hung.
-fn run_limited(cmd: &mut Command, limit: Duration, what: &str) -> String {
-    let log = std::env::temp_dir().join(format!("tq-web-ui-{}.log", std::process::id()));
-    let mut child = cmd
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let out = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_file(&log);
-    assert!(status.success(), "{what} failed ({status}):\n{out}");
-    out
 }
 
 fn have(tool: &str) -> bool {
@@ -190,12 +205,21 @@ fn chat_page_answers_in_headless_chromium_with_turbo_caches() {
     assert_eq!(seen["chat_request_has_message"], true, "{seen}");
     assert_eq!(seen["chat_status"], 200, "{seen}");
     assert_eq!(seen["user_message_shown"], true, "{seen}");
-    assert_eq!(seen["answer_stable"], true, "the answer kept changing: {seen}");
+    assert_eq!(
+        seen["answer_stable"], true,
+        "the answer kept changing: {seen}"
+    );
     let answer = seen["answer"].as_str().unwrap_or("");
-    assert!(answer.split_whitespace().count() >= 2, "no answer on the page: {seen}");
+    assert!(
+        answer.split_whitespace().count() >= 2,
+        "no answer on the page: {seen}"
+    );
     // the message footer names the model: the alias that carries the cache types
     assert!(answer.contains("KV cache turbo4 K + turbo3 V"), "{seen}");
-    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000, "screenshot too small");
+    assert!(
+        std::fs::metadata(&shot).unwrap().len() > 10_000,
+        "screenshot too small"
+    );
     // TQ_SCREENSHOT=1 refreshes the README's picture (kept out of normal runs: the model's
     // answer differs each time and would dirty the tree).
     if std::env::var_os("TQ_SCREENSHOT").is_some() {

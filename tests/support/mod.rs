@@ -74,6 +74,20 @@ pub fn run(cmd: &mut Command) -> Output {
     run_for(cmd, 1200)
 }
 
+/// Runs `cmd` under `limit` (as `run_for`) and returns its stdout; panics with everything
+/// it printed when it fails.
+pub fn run_limited(cmd: &mut Command, limit: Duration, what: &str) -> String {
+    let o = run_for(cmd, limit.as_secs().max(1));
+    assert!(
+        o.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// Runs `cmd` to completion, capturing its output; kills it and panics (with the output
 /// so far) after `secs` seconds.
 pub fn run_for(cmd: &mut Command, secs: u64) -> Output {

@@ -300,7 +300,9 @@ fn serving_line(port: u16) -> String {
     let url = format!("http://127.0.0.1:{port}");
     match option_env!("TQ_WEB_UI_STATE").unwrap_or("api-only: built without llama.cpp") {
         "embedded" => {
-            format!("serving    {url}  (chat page; OpenAI API at /v1, health at /health; Ctrl-C stops)")
+            format!(
+                "serving    {url}  (chat page; OpenAI API at /v1, health at /health; Ctrl-C stops)"
+            )
         }
         why => format!(
             "serving    {url}/v1  (OpenAI API, health at /health; Ctrl-C stops)\n\
