@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use support::server::{stream, Server};
+use support::slots::tokens;
 
 const TURBO: &[&str] = &["-ctk", "turbo4", "-ctv", "turbo3", "-fa", "on"];
 const F16: &[&str] = &["-ctk", "f16", "-ctv", "f16", "-fa", "on"];
@@ -272,16 +273,6 @@ fn slot_server(cache: &[&str], dir: &std::path::Path) -> Server {
 
 const STATE_PROMPT: &str = "The lighthouse keeper climbed the stairs every evening. \
     He counted the steps, lit the lamp and watched the ships pass. One night";
-
-fn tokens(srv: &Server, text: &str) -> Vec<u64> {
-    let v = srv.post_ok("/tokenize", &json!({"content": text, "add_special": true}));
-    v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
-}
 
 /// Greedy completion of a token prompt on slot 0; returns (generated tokens, prompt
 /// tokens evaluated).
