@@ -10,7 +10,7 @@
 mod inner {
     use criterion::{black_box, BenchmarkId, Criterion};
     use std::ffi::{c_int, c_void};
-    use turboquant::ffi::*;
+    use turboquant_capi::*;
 
     type VecDot = unsafe extern "C" fn(
         c_int,

@@ -44,7 +44,7 @@ mod inner {
     ];
 
     pub fn bench(c: &mut Criterion) {
-        std::hint::black_box(turboquant::ffi::link_anchor());
+        std::hint::black_box(turboquant_capi::link_anchor());
         for n in [64usize, 128, 256] {
             let mut g = c.benchmark_group(format!("ggml_vec_dot/{n}"));
             g.throughput(Throughput::Elements(n as u64));

@@ -214,16 +214,19 @@ pub fn emit_link_args(build_dir: &Path) -> Result<(), String> {
             println!("cargo:rustc-link-arg-bin={bin}={a}");
         }
     }
-    // `tq` calls libllama itself (`tq capture`): llama-perplexity's link line without the
-    // tool's own `*-impl` archive is exactly libllama + ggml + what they need.
-    for a in link_inputs(build_dir, "tools/perplexity", "llama-perplexity")?
-        .iter()
+    // `tq` (crates/tq) calls libllama itself (`tq capture`): llama-perplexity's link line
+    // without the tool's own `*-impl` archive is exactly libllama + ggml + what they need.
+    // Link arguments do not pass to dependents, so they go to tq's build script through
+    // this package's `links` metadata (DEP_LLAMA_LINK_ARGS_FILE), one argument per line.
+    let libllama: Vec<String> = link_inputs(build_dir, "tools/perplexity", "llama-perplexity")?
+        .into_iter()
         .filter(|a| !a.ends_with("-impl.a"))
-        .map(String::as_str)
-        .chain(SYS)
-    {
-        println!("cargo:rustc-link-arg-bin=tq={a}");
-    }
+        .chain(SYS.map(String::from))
+        .collect();
+    let file = Path::new(&std::env::var("OUT_DIR").unwrap()).join("libllama-link-args.txt");
+    std::fs::write(&file, libllama.join("\n"))
+        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    println!("cargo:link_args_file={}", file.display());
     // ggml-rpc-server: upstream's tools/rpc/rpc-server.cpp built as a library whose `main`
     // is renamed (ggml-ext/cmake/turboquant.cmake), linked with ggml and this crate.
     for a in ggml_link(build_dir, "libtq-rpc-server-impl.a")? {

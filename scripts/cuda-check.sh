@@ -6,7 +6,7 @@
 #     upstream CUDA file our patch hooks into (convert, getrows, set-rows, cpy, fattn,
 #     ggml-cuda) and test-backend-ops.cpp with our test cases - through ccache;
 #     Also: the configure-time refusal of pre-Volta architectures, tested with cmake -P;
-#  4. ggml-ext/cuda/tq-parity.cu compiled and linked against libturboquant.a, and run with
+#  4. ggml-ext/cuda/tq-parity.cu compiled and linked against libturboquant_capi.a, and run with
 #     --host: the CUDA codec source, built for the CPU, must reproduce the Rust codec's
 #     bytes and decoded values bit for bit. (On a GPU, scripts/gpu-check.sh runs it on the
 #     device too.)
@@ -23,7 +23,7 @@ if ! grep -q turboquant "$src/ggml/src/ggml-cuda/fattn.cu" 2>/dev/null; then
   echo "cuda-check: $src is not the patched llama.cpp tree (run cargo build first)" >&2
   exit 1
 fi
-[ -f target/release/libturboquant.a ] || cargo build --release --lib
+[ -f target/release/libturboquant_capi.a ] || cargo build --release -p turboquant-capi
 
 # The configure-time refusal of pre-Volta archs (turboquant-cuda-archs.cmake), which nvcc 13
 # cannot compile for, so only this logic can be checked here.
@@ -76,6 +76,6 @@ make -s -C "$bdir/tests" test-backend-ops.o 2>&1 | grep -v '^make' || true
 # Same fast-math flags as ggml's CUDA build; the host side without FMA contraction, as Rust.
 ccache "$root/bin/nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -Xcompiler -ffp-contract=off \
   -I ggml-ext/include -I ggml-ext/cuda -c ggml-ext/cuda/tq-parity.cu -o "$bdir/tq-parity.o"
-"$root/bin/nvcc" -arch=sm_90 "$bdir/tq-parity.o" target/release/libturboquant.a -lpthread -ldl -lm -o "$bdir/tq-parity"
+"$root/bin/nvcc" -arch=sm_90 "$bdir/tq-parity.o" target/release/libturboquant_capi.a -lpthread -ldl -lm -o "$bdir/tq-parity"
 "$bdir/tq-parity" --host
 echo "cuda-check: done in $(( $(date +%s) - start )) s"

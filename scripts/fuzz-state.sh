@@ -23,8 +23,8 @@ export CCACHE_DIR=${CCACHE_DIR:-$cache/ccache} CCACHE_BASEDIR=$root CCACHE_NOHAS
 build=$root/target/sanitize/llama
 
 # the codec as a static library (the turbo types call into it) and vendor/llama.cpp
-cargo build --release --lib 2>&1 | grep -Ev '^\s+(Compiling|Blocking)' || true
-lib=$root/target/release/libturboquant.a
+cargo build --release --lib -p turboquant -p turboquant-capi 2>&1 | grep -Ev '^\s+(Compiling|Blocking)' || true
+lib=$root/target/release/libturboquant_capi.a
 [ -f "$lib" ] && [ -d vendor/llama.cpp ] || { echo "fuzz-state: cargo build --release failed" >&2; exit 1; }
 
 if [ "${TQ_FUZZ_STATE_RELEASE:-0}" = 1 ]; then

@@ -4,7 +4,7 @@
 #
 # The build goes to target/gpu-build (git-ignored: a device machine keeps it between calls
 # while it stays warm, so the second script, or a rerun after a timeout, only relinks).
-# It needs .gpu/ from scripts/gpu-pack.sh (the patched llama.cpp tree and libturboquant.a).
+# It needs .gpu/ from scripts/gpu-pack.sh (the patched llama.cpp tree and libturboquant_capi.a).
 #
 # Dry run (TQ_GPU_DRY_RUN=1 or --dry-run): every command that needs the GPU, nvcc or the
 # build is printed instead of run, so the control flow, the argument handling and the
@@ -87,16 +87,16 @@ tq_build_tree() {
   fi
   local pack=$tq_repo/.gpu
   if [ "$tq_dry" != 1 ]; then
-    [ -f "$pack/llama-src.tar.xz" ] && [ -f "$pack/libturboquant.a.xz" ] || {
-      tq_fail "build: no .gpu/llama-src.tar.xz or .gpu/libturboquant.a.xz (run scripts/gpu-pack.sh here, carry .gpu)"
+    [ -f "$pack/llama-src.tar.xz" ] && [ -f "$pack/libturboquant_capi.a.xz" ] || {
+      tq_fail "build: no .gpu/llama-src.tar.xz or .gpu/libturboquant_capi.a.xz (run scripts/gpu-pack.sh here, carry .gpu)"
       return 1
     }
     local stamp
-    stamp=$(cat "$pack/llama-src.tar.xz" "$pack/libturboquant.a.xz" | md5sum | cut -d' ' -f1)
+    stamp=$(cat "$pack/llama-src.tar.xz" "$pack/libturboquant_capi.a.xz" | md5sum | cut -d' ' -f1)
     if [ "$(cat "$tq_src/.pack" 2>/dev/null)" != "$stamp" ]; then
       rm -rf "$tq_src" && mkdir -p "$tq_src"
       tar -C "$tq_src" --strip-components=1 -xJf "$pack/llama-src.tar.xz" || { tq_fail "build: unpacking the sources"; return 1; }
-      xz -dc "$pack/libturboquant.a.xz" > "$tq_src/libturboquant.a"
+      xz -dc "$pack/libturboquant_capi.a.xz" > "$tq_src/libturboquant_capi.a"
       echo "$stamp" > "$tq_src/.pack"
     fi
   fi
@@ -108,7 +108,7 @@ tq_build_tree() {
     -DGGML_CUDA_FA_QUANTS="q8_0-q8_0" -DTQ_CUDA_FA_HEAD_SIZES="64;128" \
     -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-    -DTQ_EXT_DIR="$tq_repo/ggml-ext" -DTQ_RUST_LIB="$tq_src/libturboquant.a" > "$tq_work/build.log" 2>&1 \
+    -DTQ_EXT_DIR="$tq_repo/ggml-ext" -DTQ_RUST_LIB="$tq_src/libturboquant_capi.a" > "$tq_work/build.log" 2>&1 \
     && tq_run cmake --build "$tq_build" -j "$(nproc)" --target "$@" >> "$tq_work/build.log" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then

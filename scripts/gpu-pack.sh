@@ -3,7 +3,7 @@
 # reach nothing (no network, no Rust): .gpu/ (git-ignored through .git/info/exclude), well
 # under the 64 MiB a device call carries.
 #   .gpu/llama-src.tar.xz    the patched llama.cpp tree, without docs, models, web UI, benches
-#   .gpu/libturboquant.a.xz  the Rust codec, built here (x86-64)
+#   .gpu/libturboquant_capi.a.xz  the Rust codec, built here (x86-64)
 #   .gpu/tokenizer.gguf      SmolLM2's tokenizer in an otherwise empty GGUF: gpu-bench makes a
 #                            random-weight Llama-8B-shaped model (2 layers) from it there (a
 #                            real model does not fit; attention speed depends on the shape)
@@ -16,14 +16,14 @@ cd "$(dirname "$0")/.."
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 rm -rf .gpu && mkdir -p .gpu
 
-cargo build --release --lib
+cargo build --release --lib -p turboquant -p turboquant-capi
 src=${LLAMA_CPP_DIR:-vendor/llama.cpp}
 grep -q turboquant "$src/ggml/src/ggml-cuda/fattn.cu" || { echo "gpu-pack: $src is not patched (cargo build first)" >&2; exit 1; }
 tar -C "$(dirname "$src")" -cJf .gpu/llama-src.tar.xz \
   --exclude="$(basename "$src")/docs" --exclude="$(basename "$src")/models" \
   --exclude="$(basename "$src")/benches" --exclude="$(basename "$src")/tools/ui" \
   --exclude='*.gguf' --exclude=.git "$(basename "$src")"
-xz -T0 -c target/release/libturboquant.a > .gpu/libturboquant.a.xz
+xz -T0 -c target/release/libturboquant_capi.a > .gpu/libturboquant_capi.a.xz
 
 cache=${TQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/turboquant}
 model=${TQ_MODEL:-$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A wheel of llama-cpp-python with turbo KV caches: the pinned, sha256-checked sdist
 # (vendor/llama.cpp.pin), our patch applied to its vendor/llama.cpp, the codec
-# (libturboquant.a) linked into libggml-base, and GGML_TYPE_TURBO2/3/4 in the Python
+# (libturboquant_capi.a) linked into libggml-base, and GGML_TYPE_TURBO2/3/4 in the Python
 # package. CPU by default; TQ_CUDA=1 (or --cuda) builds ggml-cuda with our kernels.
 # usage: scripts/python-wheel.sh [--cuda] [OUT_DIR]   (default OUT_DIR: target/wheels)
 # Figures: docs/ECOSYSTEM.md.
@@ -17,9 +17,9 @@ start=$(date +%s)
 
 # The codec alone (no llama.cpp), in its own target dir so the main build keeps its
 # fingerprints; Rust staticlibs are position-independent on Linux, fit for a .so.
-CARGO_TARGET_DIR=$root/target/wheel-codec cargo build --release --no-default-features --lib \
+CARGO_TARGET_DIR=$root/target/wheel-codec cargo build --release --no-default-features -p turboquant-capi \
   --manifest-path "$root/Cargo.toml" >&2
-lib=$root/target/wheel-codec/release/libturboquant.a
+lib=$root/target/wheel-codec/release/libturboquant_capi.a
 
 archive=$cache/$(pin archive)
 if [ ! -f "$archive" ]; then

@@ -7,7 +7,7 @@
 # ggml (base, CPU backend) and our ggml test library are built with GCC's
 # -fsanitize=address,undefined (llama.cpp's GGML_SANITIZE_* options) in their own build
 # directory, target/sanitize/ggml, without llama, the tools or RPC; the test is compiled
-# with rustc against the release codec (target/release/libturboquant.rlib) and linked with
+# with rustc against the release codec (target/release/libturboquant_capi.rlib) and linked with
 # those libraries and the GCC sanitizer runtimes (named again after the archives: rustc
 # links with --as-needed, which drops them where gcc puts them). Any report aborts. The
 # Rust codec itself runs under ASan in scripts/fuzz.sh.
@@ -19,8 +19,8 @@ export CCACHE_DIR=${CCACHE_DIR:-$cache/ccache} CCACHE_BASEDIR=$root CCACHE_NOHAS
 build=$root/target/sanitize/ggml
 
 # the codec rlib and vendor/llama.cpp (materialised and patched by build.rs)
-cargo build --release --lib 2>&1 | grep -Ev '^\s+(Compiling|Blocking)' || true
-rlib=$root/target/release/libturboquant.rlib
+cargo build --release --lib -p turboquant -p turboquant-capi 2>&1 | grep -Ev '^\s+(Compiling|Blocking)' || true
+rlib=$root/target/release/libturboquant_capi.rlib
 [ -f "$rlib" ] && [ -d vendor/llama.cpp ] || { echo "sanitize: cargo build --release failed" >&2; exit 1; }
 
 cmake -S vendor/llama.cpp -B "$build" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release \
@@ -34,7 +34,7 @@ cmake --build "$build" -j "${NUM_JOBS:-2}" --target tq-ggml-tests >/dev/null
 g=$build/ggml/src
 exe=$root/target/sanitize/ggml_ops
 rustc --edition 2021 --test -C opt-level=3 --cfg 'feature="llama"' \
-  --extern turboquant="$rlib" -L dependency="$root/target/release/deps" \
+  --extern turboquant_capi="$rlib" -L dependency="$root/target/release/deps" \
   -C link-arg="$g/libtq-ggml-tests.a" -C link-arg="$g/libggml.a" \
   -C link-arg="$g/libggml-cpu.a" -C link-arg="$g/libggml-base.a" \
   -C link-arg=-lstdc++ -C link-arg=-lm \

@@ -42,7 +42,7 @@ const TURBO3: c_int = 97;
 const TURBO4: c_int = 98;
 
 fn check(f: impl FnOnce(*mut c_char, usize) -> c_int) {
-    std::hint::black_box(turboquant::ffi::link_anchor());
+    std::hint::black_box(turboquant_capi::link_anchor());
     let mut buf = [0 as c_char; 512];
     let rc = f(buf.as_mut_ptr(), buf.len());
     let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }

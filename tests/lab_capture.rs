@@ -7,7 +7,7 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 use support::*;
-use turboquant::lab::Capture;
+use turboquant_lab::Capture;
 
 fn tq(args: &[&str], capture: &Path) -> serde_json::Value {
     let out = run(Command::new(bin("tq"))

@@ -27,7 +27,7 @@ fn build_dir() -> PathBuf {
 #[test]
 fn linked_ggml_reports_no_amx() {
     // ggml (linked after this crate) calls the codec's tq_* symbols: keep them
-    std::hint::black_box(turboquant::ffi::link_anchor());
+    std::hint::black_box(turboquant_capi::link_anchor());
     // SAFETY: a plain query of compile-time features, no arguments.
     assert_eq!(unsafe { ggml_cpu_has_amx_int8() }, 0);
 }

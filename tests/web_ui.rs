@@ -2,6 +2,7 @@
 //! build (build/ui.rs), served next to the API with turbo caches, and used from a real
 //! headless chromium (tests/browser/chat.mjs, playwright-core driving Debian's
 //! /usr/bin/chromium). docs/ECOSYSTEM.md has the figures.
+#![cfg(feature = "llama")]
 
 mod support;
 use support::run_limited;

@@ -10,7 +10,7 @@
 
 use core::ffi::{c_int, c_void, CStr};
 use libfuzzer_sys::fuzz_target;
-use turboquant::ffi::*;
+use turboquant_capi::*;
 
 const OK: c_int = 0;
 const UNKNOWN_TYPE: c_int = -1;

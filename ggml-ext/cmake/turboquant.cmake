@@ -1,7 +1,7 @@
 # Included by the patched ggml/src/CMakeLists.txt right after ggml-base is defined.
 #
 # TQ_EXT_DIR   this ggml-ext/ folder (required; build.rs passes it)
-# TQ_RUST_LIB  optional path of libturboquant.a. The Rust binaries (cargo build) link the
+# TQ_RUST_LIB  optional path of libturboquant_capi.a. The Rust binaries (cargo build) link the
 #              codec themselves and leave this unset; set it when building llama.cpp's own
 #              executables (test-backend-ops, scripts/gpu-check.sh) so they resolve tq_*.
 if (NOT TQ_EXT_DIR OR NOT EXISTS "${TQ_EXT_DIR}/include/turboquant.h")

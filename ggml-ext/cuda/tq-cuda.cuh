@@ -1,5 +1,5 @@
 // tq-cuda.cuh - the turbo codec on the GPU: the bit-exact CUDA port of the Rust encoder and
-// decoder (src/kernels/scalar.rs, rules in turboquant.h). Self-contained (CUDA headers and
+// decoder (crates/codec/src/kernels/scalar.rs, rules in turboquant.h). Self-contained (CUDA headers and
 // our C headers only), so the parity test can use it without ggml.
 //
 // Bit-exactness under ggml's `-use_fast_math` (which contracts a*b+c into FMA, flushes f32
@@ -86,7 +86,7 @@ template <int bits> static TQ_HD const float * tq_cuda_thresholds() {
     else { static_assert(bits == 4, "turbo2..4"); return TQ_TABLE(TQ_THRESHOLDS_4BIT); }
 }
 
-// The stored fp16 scale as the decoder reads it (decode_scale in src/block.rs): NaN, infinite
+// The stored fp16 scale as the decoder reads it (decode_scale in crates/codec/src/block.rs): NaN, infinite
 // or negative non-zero (never written by the encoder) decodes as 0, so a corrupt block can
 // never produce NaN; -0 stays -0, as on the CPU.
 static TQ_HD float tq_cuda_scale(const uint16_t bits) {

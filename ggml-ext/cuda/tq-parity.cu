@@ -1,13 +1,13 @@
 // tq-parity.cu - the CUDA codec against the Rust codec, byte for byte.
 //
-// Encodes shared test vectors with the Rust encoder (tq_quantize, libturboquant.a) and with
+// Encodes shared test vectors with the Rust encoder (tq_quantize, libturboquant_capi.a) and with
 // the CUDA port (tq-cuda.cuh, one thread per block as in SET_ROWS), and compares the bytes;
 // then decodes the same blocks (plus blocks with corrupt scales) on both sides and compares
 // the f32 bits. Exit status 0 only if everything is identical.
 //
 //   nvcc -std=c++17 -arch=sm_90 -use_fast_math -Xcompiler -ffp-contract=off
 //        -I ggml-ext/include -I ggml-ext/cuda ggml-ext/cuda/tq-parity.cu
-//        target/release/libturboquant.a -lpthread -ldl -lm -o tq-parity     (one command)
+//        target/release/libturboquant_capi.a -lpthread -ldl -lm -o tq-parity     (one command)
 //   tq-parity           # on the GPU (and on the host too)
 //   tq-parity --host    # the same source compiled for the host only: runs without a GPU (CI)
 //

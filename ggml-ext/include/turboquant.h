@@ -1,12 +1,12 @@
 /*
- * turboquant.h - C ABI of the turboquant Rust codec (libturboquant.a).
+ * turboquant.h - C ABI of the turboquant Rust codec (libturboquant_capi.a).
  *
  * TurboQuant KV-cache blocks: 64 values per block, each block stores an fp16
  * scale and one Lloyd-Max codebook index per value. The codebook is optimal for
  * the coordinates of a uniformly random unit vector in R^64, which is what one
  * block of a randomly rotated K/V head looks like once divided by its norm.
  *
- *   type    bits/value  bytes/block  layout (see src/block.rs for the exact packing)
+ *   type    bits/value  bytes/block  layout (see crates/codec/src/block.rs for the exact packing)
  *   turbo2  2.25        18           u16 d; u8 qs[16]
  *   turbo3  3.25        26           u16 d; u8 qs[24]   (16 bytes low 2 bits, 8 bytes high bit)
  *   turbo4  4.25        34           u16 d; u8 qs[32]
@@ -15,15 +15,9 @@
  * multiply). A stored scale that is NaN, infinite or negative (never written by the
  * encoder) decodes as 0, so decoding never yields NaN; tq_ggml_validate_row rejects it.
  * Encoding: n = ||x||; idx[j] = nearest centroid of x[j]/n (ties go to the lower
- * centroid); d = n / ||codebook[idx]|| rounded to fp16, so the decoded block keeps
- * the original norm. Bit for bit (the CUDA port reproduces it):
- *   1. sanitize: NaN -> 0, +-Inf -> +-65504, other values unchanged;
- *   2. n = sqrt(sum x[j]^2), squares and sum in double, j = 0..63 in order;
- *   3. n == 0: d = 0 and every idx = 2^(bits-1) (the smallest positive centroid);
- *   4. u = (double) x[j] / n; idx[j] = number of thresholds t (TQ_THRESHOLDS_<b>BIT
- *      in turboquant_tables.h, ascending, widened to double) with u > t;
- *   5. cn = sqrt(sum codebook[idx[j]]^2) in double; d = fp16((float) (n / cn)),
- *      round to nearest even; an overflow to infinity is clamped to 65504.
+ * centroid); d = n / ||codebook[idx]|| rounded to fp16, so the decoded block keeps the
+ * original norm. The bit-exact rule (sanitising, double precision, the zero block) is
+ * normative in docs/CODEC.md; the CUDA port reproduces it.
  * Packing of idx[j] into qs:
  *   turbo4: qs[i] = idx[i] | idx[i+32] << 4, i < 32;
  *   turbo2: qs[i] = idx[i] | idx[i+16] << 2 | idx[i+32] << 4 | idx[i+48] << 6, i < 16;
@@ -50,8 +44,8 @@ extern "C" {
 
 typedef enum tq_type { TQ_TURBO2 = 2, TQ_TURBO3 = 3, TQ_TURBO4 = 4 } tq_type;
 
-/* Values per block, shared by every turbo type. */
-#define TQ_BLOCK_VALUES 64
+/* Values per block (TQ_BLOCK_VALUES), bits and block bytes of every type. */
+#include "turboquant_types.h"
 
 /* Error codes (all negative). */
 #define TQ_OK                 0
@@ -64,10 +58,11 @@ typedef enum tq_type { TQ_TURBO2 = 2, TQ_TURBO3 = 3, TQ_TURBO4 = 4 } tq_type;
 /* The seed of the rotation that llama.cpp uses for turbo caches. */
 #define TQ_DEFAULT_SEED 0x5475726271756174ULL /* "Turbquat" */
 
-/* Block layouts, as ggml stores them. Checked against the Rust structs by a test. */
-typedef struct { uint16_t d; uint8_t qs[16]; } tq_block_turbo2;
-typedef struct { uint16_t d; uint8_t qs[24]; } tq_block_turbo3;
-typedef struct { uint16_t d; uint8_t qs[32]; } tq_block_turbo4;
+/* Block layouts, as ggml stores them, from the type table; sizes asserted below (and the
+   Rust structs against the same table). */
+typedef struct { uint16_t d; uint8_t qs[TQ_TURBO2_QS_BYTES]; } tq_block_turbo2;
+typedef struct { uint16_t d; uint8_t qs[TQ_TURBO3_QS_BYTES]; } tq_block_turbo3;
+typedef struct { uint16_t d; uint8_t qs[TQ_TURBO4_QS_BYTES]; } tq_block_turbo4;
 
 int64_t tq_block_values(int type);   /* values per block; -1 for an unknown type */
 int64_t tq_block_bytes(int type);    /* bytes per block;  -1 for an unknown type */
@@ -155,8 +150,18 @@ void tq_ggml_set_fa_tile(int on);
    The encoder is a Viterbi search (bit-exact rule in docs/TCQ.md); it keeps one
    64 KB scratch per thread, allocated on the thread's first call. Same ggml
    signatures and conventions as the hooks above. */
-typedef struct { uint16_t d; uint8_t qs[24]; } tq_block_turbo3_tcq;
-typedef struct { uint16_t d; uint8_t qs[16]; } tq_block_turbo2_tcq;
+typedef struct { uint16_t d; uint8_t qs[TQ_TURBO3_TCQ_QS_BYTES]; } tq_block_turbo3_tcq;
+typedef struct { uint16_t d; uint8_t qs[TQ_TURBO2_TCQ_QS_BYTES]; } tq_block_turbo2_tcq;
+
+#ifdef __cplusplus
+#define TQ_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define TQ_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+#define TQ_ASSERT_BLOCK(name, STEM, bits, bytes, trellis) \
+    TQ_STATIC_ASSERT(sizeof(tq_block_##name) == TQ_##STEM##_BLOCK_BYTES, "tq_block_" #name " size");
+TQ_FOR_EACH_TYPE(TQ_ASSERT_BLOCK)
+#undef TQ_ASSERT_BLOCK
 
 void tq_ggml_quantize_row_turbo3_tcq(const float *x, void *y, int64_t k);
 void tq_ggml_quantize_row_turbo2_tcq(const float *x, void *y, int64_t k);

@@ -9,7 +9,7 @@ pub type CMain = unsafe extern "C" fn(c_int, *mut *mut c_char) -> c_int;
 pub fn run(entry: CMain) -> ! {
     // ggml (a static C++ archive, linked after this crate) calls the codec's tq_* symbols;
     // referencing them here makes the linker keep them.
-    std::hint::black_box(turboquant::ffi::link_anchor());
+    std::hint::black_box(turboquant::capi::link_anchor());
     log_amx_choice();
 
     let args: Vec<CString> = std::env::args_os()

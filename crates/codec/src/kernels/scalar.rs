@@ -1,0 +1,235 @@
+//! Scalar reference kernels: the encoder (the only encoder: it must be
+//! deterministic so the CUDA port can reproduce its bytes) and the decode-side
+//! oracles the SIMD paths are tested against.
+
+use crate::block::{decode_scale, pack_indices, unpack_indices, TqType, QK};
+use half::f16;
+
+/// Replaces NaN by 0 and ±Inf by ±65504 (the largest finite fp16); every other
+/// value is returned unchanged.
+#[inline(always)]
+pub fn sanitize(v: f32) -> f32 {
+    if v.is_nan() {
+        0.0
+    } else if v.is_infinite() {
+        if v > 0.0 {
+            65504.0
+        } else {
+            -65504.0
+        }
+    } else {
+        v
+    }
+}
+
+/// Encodes one block of 64 values into `out` (`ty.block_bytes()` bytes).
+///
+/// The rule, bit for bit (see docs/CODEC.md):
+/// 1. sanitize every value ([`sanitize`]);
+/// 2. `n = sqrt(Σ x_j²)`, squares and sum in f64, sequential `j = 0..64`;
+/// 3. if `n == 0` (or not finite): `d = 0` and every index is `2^(b-1)`
+///    (the smallest positive centroid);
+/// 4. else `u_j = x_j / n` (f64) and `idx_j = #{k : u_j > T[k]}` over the f32
+///    thresholds `T` widened to f64 (a tie goes to the lower centroid);
+/// 5. `cn = sqrt(Σ C[idx_j]²)` in f64 (sequential); `d = f16(f32(n / cn))`,
+///    round to nearest even, an overflow to ±Inf clamped to 65504.
+#[inline(always)]
+pub fn quantize_block(ty: TqType, x: &[f32], out: &mut [u8]) {
+    let x = &x[..QK];
+    let mut xs = [0f64; QK];
+    let mut ss = 0f64;
+    for (dst, &v) in xs.iter_mut().zip(x) {
+        let v = sanitize(v) as f64;
+        *dst = v;
+        ss += v * v;
+    }
+    let n = ss.sqrt();
+    let idx: [u8; QK];
+    let d: u16;
+    if n == 0.0 || !n.is_finite() {
+        idx = [(ty.levels() / 2) as u8; QK];
+        d = 0;
+    } else {
+        let cb = ty.codebook();
+        // u_j = x_j / n; idx_j = #{k : u_j > T[k]} (thresholds outer, values inner:
+        // the compiler vectorizes across the 64 values).
+        let mut u = [0f64; QK];
+        for (u, &v) in u.iter_mut().zip(xs.iter()) {
+            *u = v / n;
+        }
+        let mut cnt = [0u8; QK];
+        for &t in ty.thresholds() {
+            let t = t as f64;
+            for (c, &uj) in cnt.iter_mut().zip(u.iter()) {
+                *c += (uj > t) as u8;
+            }
+        }
+        idx = cnt;
+        let mut cs = 0f64;
+        for &k in idx.iter() {
+            let cv = cb[k as usize] as f64;
+            cs += cv * cv;
+        }
+        let cn = cs.sqrt();
+        let h = f16::from_f32((n / cn) as f32);
+        d = if h.is_infinite() {
+            f16::MAX.to_bits()
+        } else {
+            h.to_bits()
+        };
+    }
+    out[..2].copy_from_slice(&d.to_ne_bytes());
+    pack_indices(ty, &idx, &mut out[2..ty.block_bytes()]);
+}
+
+/// `#{k : u > thr[k]}` for the `2 * half - 1` ascending thresholds in `thr`,
+/// by a branchless binary search (the same count as a linear scan).
+#[inline(always)]
+pub fn index_of(u: f64, thr: &[f64; 15], half: usize) -> usize {
+    let mut k = 0usize;
+    let mut step = half;
+    while step > 0 {
+        k += step * (u > thr[k + step - 1]) as usize;
+        step /= 2;
+    }
+    k
+}
+
+/// Encodes `x.len() / 64` blocks.
+///
+/// The same scalar code is also compiled with AVX2 / AVX-512 enabled and picked
+/// at run time: every operation in it is an exactly rounded IEEE operation (no
+/// reassociation, no FMA contraction in Rust), so the bytes are identical on
+/// every path (crates/codec/tests/codec_golden.rs pins them).
+pub fn quantize_row(ty: TqType, x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::SimdLevel;
+        match super::simd_level() {
+            // SAFETY: the level is only ever set to one the CPU supports.
+            SimdLevel::Avx512 => return unsafe { quantize_row_avx512(ty, x, out) },
+            SimdLevel::Avx2 => return unsafe { quantize_row_avx2(ty, x, out) },
+            SimdLevel::Scalar => {}
+        }
+    }
+    quantize_row_generic(ty, x, out)
+}
+
+/// The portable build of the encoder (the reference).
+pub fn quantize_row_generic(ty: TqType, x: &[f32], out: &mut [u8]) {
+    let bb = ty.block_bytes();
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
+        quantize_block(ty, xb, ob);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_row_avx2(ty: TqType, x: &[f32], out: &mut [u8]) {
+    let bb = ty.block_bytes();
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
+        quantize_block(ty, xb, ob);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn quantize_row_avx512(ty: TqType, x: &[f32], out: &mut [u8]) {
+    let bb = ty.block_bytes();
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
+        quantize_block(ty, xb, ob);
+    }
+}
+
+#[inline(always)]
+fn block_scale(b: &[u8]) -> f32 {
+    decode_scale(u16::from_ne_bytes([b[0], b[1]]))
+}
+
+/// `y_j = d * C[idx_j]` (one f32 multiply per value).
+pub fn dequantize_row(ty: TqType, x: &[u8], y: &mut [f32]) {
+    let cb = ty.codebook();
+    let mut idx = [0u8; QK];
+    for (b, yb) in x.chunks_exact(ty.block_bytes()).zip(y.chunks_exact_mut(QK)) {
+        let d = block_scale(b);
+        unpack_indices(ty, &b[2..], &mut idx);
+        for (o, &k) in yb.iter_mut().zip(idx.iter()) {
+            *o = d * cb[k as usize];
+        }
+    }
+}
+
+/// `Σ_j (d * C[idx_j]) * y_j`: f32 terms, accumulated in f64 (the oracle).
+pub fn vec_dot_row(ty: TqType, x: &[u8], y: &[f32]) -> f32 {
+    let cb = ty.codebook();
+    let mut idx = [0u8; QK];
+    let mut acc = 0f64;
+    for (b, yb) in x.chunks_exact(ty.block_bytes()).zip(y.chunks_exact(QK)) {
+        let d = block_scale(b);
+        unpack_indices(ty, &b[2..], &mut idx);
+        for (&yv, &k) in yb.iter().zip(idx.iter()) {
+            acc += ((d * cb[k as usize]) * yv) as f64;
+        }
+    }
+    acc as f32
+}
+
+/// `y_j += v * (d * C[idx_j])`.
+pub fn mad_row(ty: TqType, x: &[u8], y: &mut [f32], v: f32) {
+    let cb = ty.codebook();
+    let mut idx = [0u8; QK];
+    for (b, yb) in x.chunks_exact(ty.block_bytes()).zip(y.chunks_exact_mut(QK)) {
+        let d = block_scale(b);
+        unpack_indices(ty, &b[2..], &mut idx);
+        for (o, &k) in yb.iter_mut().zip(idx.iter()) {
+            *o += v * (d * cb[k as usize]);
+        }
+    }
+}
+
+/// `out[r] = vec_dot_row(row r, q)` for `out.len()` rows `stride` bytes apart
+/// (the multi-row oracle: the per-row f64 oracle, row by row).
+pub fn dot_rows(ty: TqType, x: &[u8], stride: usize, q: &[f32], out: &mut [f32]) {
+    let len = q.len() / QK * ty.block_bytes();
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = vec_dot_row(ty, &x[r * stride..r * stride + len], q);
+    }
+}
+
+/// `y += w[r] * decode(row r)` for `w.len()` rows `stride` bytes apart, in row
+/// order (exactly `w.len()` calls of [`mad_row`]).
+pub fn mad_rows(ty: TqType, x: &[u8], stride: usize, w: &[f32], y: &mut [f32]) {
+    let len = y.len() / QK * ty.block_bytes();
+    for (r, &wr) in w.iter().enumerate() {
+        mad_row(ty, &x[r * stride..r * stride + len], y, wr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_search_equals_linear_count() {
+        for ty in TqType::ALL {
+            let t = ty.thresholds();
+            let mut thr = [0f64; 15];
+            for (d, &v) in thr.iter_mut().zip(t) {
+                *d = v as f64;
+            }
+            let mut probes: Vec<f64> = vec![-1.0, 1.0, 0.0, -0.0, -1e-300, 1e-300];
+            for &v in t {
+                let v = v as f64;
+                // exactly on a threshold (ties go to the lower centroid) and next to it
+                probes.extend([v, v.next_up(), v.next_down()]);
+            }
+            for i in -4000..=4000 {
+                probes.push(i as f64 * 1e-4);
+            }
+            for u in probes {
+                let want = t.iter().filter(|&&x| u > x as f64).count();
+                assert_eq!(index_of(u, &thr, ty.levels() / 2), want, "{ty:?} u={u}");
+            }
+        }
+    }
+}

