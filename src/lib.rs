@@ -22,6 +22,7 @@ pub mod block;
 pub mod codebook;
 pub mod error;
 pub mod ffi;
+pub mod ffi_tcq;
 pub mod kernels;
 pub mod lab;
 pub mod qjl;
