@@ -170,8 +170,8 @@ pub unsafe fn dequantize_raw(level: SimdLevel, ty: TcqType, x: *const u8, y: *mu
     #[cfg(target_arch = "x86_64")]
     if simd(level) {
         return match ty {
-            TcqType::Turbo3Tcq => super::x86::avx2_dequantize::<3>(&TCQ3_TABLE, x, y, nb),
-            TcqType::Turbo2Tcq => super::x86::avx2_dequantize::<2>(&TCQ2_TABLE, x, y, nb),
+            TcqType::Turbo3Tcq => super::x86::avx2_dequantize::<3>(x, y, nb),
+            TcqType::Turbo2Tcq => super::x86::avx2_dequantize::<2>(x, y, nb),
         };
     }
     let _ = level;
@@ -188,8 +188,8 @@ pub unsafe fn vec_dot_raw(level: SimdLevel, ty: TcqType, x: *const u8, q: *const
     #[cfg(target_arch = "x86_64")]
     if simd(level) {
         return match ty {
-            TcqType::Turbo3Tcq => super::x86::avx2_vec_dot::<3>(&TCQ3_TABLE, x, q, nb),
-            TcqType::Turbo2Tcq => super::x86::avx2_vec_dot::<2>(&TCQ2_TABLE, x, q, nb),
+            TcqType::Turbo3Tcq => super::x86::avx2_vec_dot::<3>(x, q, nb),
+            TcqType::Turbo2Tcq => super::x86::avx2_vec_dot::<2>(x, q, nb),
         };
     }
     let _ = level;
@@ -206,8 +206,8 @@ pub unsafe fn mad_raw(level: SimdLevel, ty: TcqType, x: *const u8, y: *mut f32, 
     #[cfg(target_arch = "x86_64")]
     if simd(level) {
         return match ty {
-            TcqType::Turbo3Tcq => super::x86::avx2_mad::<3>(&TCQ3_TABLE, x, y, nb, v),
-            TcqType::Turbo2Tcq => super::x86::avx2_mad::<2>(&TCQ2_TABLE, x, y, nb, v),
+            TcqType::Turbo3Tcq => super::x86::avx2_mad::<3>(x, y, nb, v),
+            TcqType::Turbo2Tcq => super::x86::avx2_mad::<2>(x, y, nb, v),
         };
     }
     let _ = level;
@@ -242,10 +242,10 @@ pub unsafe fn dot_rows_raw(
     if simd(level) {
         return match ty {
             TcqType::Turbo3Tcq => {
-                super::x86::avx2_dot_rows::<3>(&TCQ3_TABLE, x, stride, nrows, q, nb, out)
+                super::x86::avx2_dot_rows::<3>(x, stride, nrows, q, nb, out)
             }
             TcqType::Turbo2Tcq => {
-                super::x86::avx2_dot_rows::<2>(&TCQ2_TABLE, x, stride, nrows, q, nb, out)
+                super::x86::avx2_dot_rows::<2>(x, stride, nrows, q, nb, out)
             }
         };
     }
@@ -281,10 +281,10 @@ pub unsafe fn mad_rows_raw(
     if simd(level) {
         return match ty {
             TcqType::Turbo3Tcq => {
-                super::x86::avx2_mad_rows::<3>(&TCQ3_TABLE, x, stride, nrows, w, y, nb)
+                super::x86::avx2_mad_rows::<3>(x, stride, nrows, w, y, nb)
             }
             TcqType::Turbo2Tcq => {
-                super::x86::avx2_mad_rows::<2>(&TCQ2_TABLE, x, stride, nrows, w, y, nb)
+                super::x86::avx2_mad_rows::<2>(x, stride, nrows, w, y, nb)
             }
         };
     }
