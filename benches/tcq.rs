@@ -173,10 +173,11 @@ fn bench(c: &mut Criterion) {
 
     // a flash-attention tile: 64 rows of one 128-wide head
     let (rows, len) = (64usize, 128usize);
+    let xt = gaussian_blocks(rows * len / 64, 3);
     let mut g = c.benchmark_group("tiles");
     g.throughput(Throughput::Elements((rows * len / 64) as u64));
     for ty in Ty::all() {
-        let enc = ty.encode(&x[..rows * len]);
+        let enc = ty.encode(&xt);
         let stride = len / 64 * ty.bb();
         let w: Vec<f32> = (0..rows).map(|i| 1.0 / (1 + i) as f32).collect();
         let mut out = vec![0f32; rows];

@@ -153,12 +153,18 @@ fn checked_functions_match_the_codec() {
         let mut got = vec![0u8; want.len()];
         let n = (nb * 64) as i64;
         unsafe {
-            assert_eq!(tq_tcq_quantize(t, x.as_ptr(), got.as_mut_ptr() as *mut c_void, n), TQ_OK);
+            assert_eq!(
+                tq_tcq_quantize(t, x.as_ptr(), got.as_mut_ptr() as *mut c_void, n),
+                TQ_OK
+            );
         }
         assert_eq!(got, want);
         let mut y = vec![0f32; nb * 64];
         unsafe {
-            assert_eq!(tq_tcq_dequantize(t, got.as_ptr() as *const c_void, y.as_mut_ptr(), n), TQ_OK);
+            assert_eq!(
+                tq_tcq_dequantize(t, got.as_ptr() as *const c_void, y.as_mut_ptr(), n),
+                TQ_OK
+            );
         }
         let mut yw = vec![0f32; nb * 64];
         codec::dequantize(ty, &want, &mut yw).unwrap();
@@ -174,20 +180,35 @@ fn checked_functions_match_the_codec() {
         assert_eq!(s, codec::vec_dot(ty, &want, &q).unwrap());
         let mut acc = q.clone();
         unsafe {
-            assert_eq!(tq_tcq_mad(t, got.as_ptr() as *const c_void, acc.as_mut_ptr(), n, -0.25), TQ_OK);
+            assert_eq!(
+                tq_tcq_mad(t, got.as_ptr() as *const c_void, acc.as_mut_ptr(), n, -0.25),
+                TQ_OK
+            );
         }
         let mut acc2 = q.clone();
         codec::mad(ty, &want, &mut acc2, -0.25).unwrap();
         assert_eq!(acc, acc2);
         unsafe {
-            assert_eq!(tq_tcq_validate_row(t, got.as_ptr() as *const c_void, got.len()), 1);
-            assert_eq!(tq_tcq_validate_row(t, got.as_ptr() as *const c_void, got.len() - 1), 0);
+            assert_eq!(
+                tq_tcq_validate_row(t, got.as_ptr() as *const c_void, got.len()),
+                1
+            );
+            assert_eq!(
+                tq_tcq_validate_row(t, got.as_ptr() as *const c_void, got.len() - 1),
+                0
+            );
             assert_eq!(tq_tcq_validate_row(t, core::ptr::null(), 0), 1);
             assert_eq!(tq_tcq_validate_row(t, core::ptr::null(), got.len()), 0);
-            assert_eq!(tq_tcq_validate_row(3, got.as_ptr() as *const c_void, got.len()), 0);
+            assert_eq!(
+                tq_tcq_validate_row(3, got.as_ptr() as *const c_void, got.len()),
+                0
+            );
             let mut bad = got.clone();
             bad[ty.block_bytes()..ty.block_bytes() + 2].copy_from_slice(&0x7e00u16.to_ne_bytes());
-            assert_eq!(tq_tcq_validate_row(t, bad.as_ptr() as *const c_void, bad.len()), 0);
+            assert_eq!(
+                tq_tcq_validate_row(t, bad.as_ptr() as *const c_void, bad.len()),
+                0
+            );
         }
     }
 }
@@ -205,22 +226,49 @@ fn checked_functions_report_errors_in_order_and_write_nothing() {
         unsafe {
             // the type first, even with NULL pointers and a bad length
             for bad_t in [0, 2, 3, 4, 11, 14, -1] {
-                assert_eq!(tq_tcq_quantize(bad_t, null_f, core::ptr::null_mut(), -1), TQ_ERR_UNKNOWN_TYPE);
+                assert_eq!(
+                    tq_tcq_quantize(bad_t, null_f, core::ptr::null_mut(), -1),
+                    TQ_ERR_UNKNOWN_TYPE
+                );
                 assert_eq!(tq_tcq_block_bytes(bad_t), -1);
             }
             // then pointers (NULL is an error even when n == 0)
             assert_eq!(tq_tcq_quantize(t, null_f, o, 0), TQ_ERR_NULL_POINTER);
-            assert_eq!(tq_tcq_quantize(t, x.as_ptr(), core::ptr::null_mut(), 64), TQ_ERR_NULL_POINTER);
-            assert_eq!(tq_tcq_dequantize(t, core::ptr::null(), y.as_mut_ptr(), 64), TQ_ERR_NULL_POINTER);
-            assert_eq!(tq_tcq_dequantize(t, o, core::ptr::null_mut(), -5), TQ_ERR_NULL_POINTER);
-            assert_eq!(tq_tcq_vec_dot_f32(t, o, x.as_ptr(), 64, core::ptr::null_mut()), TQ_ERR_NULL_POINTER);
-            assert_eq!(tq_tcq_vec_dot_f32(t, o, null_f, 64, &mut s), TQ_ERR_NULL_POINTER);
-            assert_eq!(tq_tcq_mad(t, core::ptr::null(), y.as_mut_ptr(), 64, 1.0), TQ_ERR_NULL_POINTER);
+            assert_eq!(
+                tq_tcq_quantize(t, x.as_ptr(), core::ptr::null_mut(), 64),
+                TQ_ERR_NULL_POINTER
+            );
+            assert_eq!(
+                tq_tcq_dequantize(t, core::ptr::null(), y.as_mut_ptr(), 64),
+                TQ_ERR_NULL_POINTER
+            );
+            assert_eq!(
+                tq_tcq_dequantize(t, o, core::ptr::null_mut(), -5),
+                TQ_ERR_NULL_POINTER
+            );
+            assert_eq!(
+                tq_tcq_vec_dot_f32(t, o, x.as_ptr(), 64, core::ptr::null_mut()),
+                TQ_ERR_NULL_POINTER
+            );
+            assert_eq!(
+                tq_tcq_vec_dot_f32(t, o, null_f, 64, &mut s),
+                TQ_ERR_NULL_POINTER
+            );
+            assert_eq!(
+                tq_tcq_mad(t, core::ptr::null(), y.as_mut_ptr(), 64, 1.0),
+                TQ_ERR_NULL_POINTER
+            );
             // then lengths: negative or not a multiple of 64
             for n in [-64i64, -1, 1, 63, 65, 100, 127] {
                 assert_eq!(tq_tcq_quantize(t, x.as_ptr(), o, n), TQ_ERR_BAD_LENGTH);
-                assert_eq!(tq_tcq_dequantize(t, o, y.as_mut_ptr(), n), TQ_ERR_BAD_LENGTH);
-                assert_eq!(tq_tcq_vec_dot_f32(t, o, x.as_ptr(), n, &mut s), TQ_ERR_BAD_LENGTH);
+                assert_eq!(
+                    tq_tcq_dequantize(t, o, y.as_mut_ptr(), n),
+                    TQ_ERR_BAD_LENGTH
+                );
+                assert_eq!(
+                    tq_tcq_vec_dot_f32(t, o, x.as_ptr(), n, &mut s),
+                    TQ_ERR_BAD_LENGTH
+                );
                 assert_eq!(tq_tcq_mad(t, o, y.as_mut_ptr(), n, 1.0), TQ_ERR_BAD_LENGTH);
             }
             // n == 0 with valid pointers is fine and writes nothing
@@ -254,8 +302,13 @@ fn tile_hooks_match_the_row_hooks() {
         let mut tile = vec![0u8; nrows * stride];
         for r in 0..nrows {
             let mut sc = Scratch::new(ty.l(), ty.k(), 64);
-            codec::quantize(ty, &x[r * len..(r + 1) * len], &mut tile[r * stride..r * stride + row], &mut sc)
-                .unwrap();
+            codec::quantize(
+                ty,
+                &x[r * len..(r + 1) * len],
+                &mut tile[r * stride..r * stride + row],
+                &mut sc,
+            )
+            .unwrap();
         }
         let q = gaussian_blocks(len / 64, 6);
         let w: Vec<f32> = (0..nrows).map(|r| 0.1 * r as f32 - 0.3).collect();
@@ -264,34 +317,99 @@ fn tile_hooks_match_the_row_hooks() {
         let mut y = gaussian_blocks(len / 64, 7);
         let mut y_seq = y.clone();
         unsafe {
-            dot_rows(tile.as_ptr() as *const c_void, stride, nrows as i64, q.as_ptr(), len as i64, scores.as_mut_ptr());
-            mad_rows(tile.as_ptr() as *const c_void, stride, nrows as i64, w.as_ptr(), y.as_mut_ptr(), len as i64);
+            dot_rows(
+                tile.as_ptr() as *const c_void,
+                stride,
+                nrows as i64,
+                q.as_ptr(),
+                len as i64,
+                scores.as_mut_ptr(),
+            );
+            mad_rows(
+                tile.as_ptr() as *const c_void,
+                stride,
+                nrows as i64,
+                w.as_ptr(),
+                y.as_mut_ptr(),
+                len as i64,
+            );
             for r in 0..nrows {
                 let p = tile.as_ptr().add(r * stride) as *const c_void;
                 let mut s = 0f32;
-                dot(len as i32, &mut s, 0, p, 0, q.as_ptr() as *const c_void, 0, 1);
+                dot(
+                    len as i32,
+                    &mut s,
+                    0,
+                    p,
+                    0,
+                    q.as_ptr() as *const c_void,
+                    0,
+                    1,
+                );
                 let mag: f32 = {
                     let mut d = vec![0f32; len];
                     codec::dequantize(ty, &tile[r * stride..r * stride + row], &mut d).unwrap();
                     d.iter().zip(&q).map(|(a, b)| (a * b).abs()).sum()
                 };
-                assert!((scores[r] - s).abs() <= 1e-5 * mag, "{ty:?} row {r}: {} vs {s}", scores[r]);
+                assert!(
+                    (scores[r] - s).abs() <= 1e-5 * mag,
+                    "{ty:?} row {r}: {} vs {s}",
+                    scores[r]
+                );
                 mad(p, y_seq.as_mut_ptr(), len as i64, w[r]);
             }
         }
         assert_eq!(scores[nrows], 9.0);
-        assert_eq!(y, y_seq, "{ty:?} mad_rows is not bit-exact with sequential mads");
+        assert_eq!(
+            y, y_seq,
+            "{ty:?} mad_rows is not bit-exact with sequential mads"
+        );
         // the hooks are the dispatching kernels
         let mut s2 = vec![0f32; nrows];
-        tk::dot_rows_at(turboquant::kernels::simd_level(), ty, &tile[..(nrows - 1) * stride + row], stride, &q, &mut s2);
+        tk::dot_rows_at(
+            turboquant::kernels::simd_level(),
+            ty,
+            &tile[..(nrows - 1) * stride + row],
+            stride,
+            &q,
+            &mut s2,
+        );
         assert_eq!(&scores[..nrows], &s2[..]);
         // nrows <= 0 and k <= 0 do nothing
         let mut none = vec![3f32; 4];
         unsafe {
-            dot_rows(tile.as_ptr() as *const c_void, stride, 0, q.as_ptr(), len as i64, none.as_mut_ptr());
-            dot_rows(tile.as_ptr() as *const c_void, stride, -2, q.as_ptr(), len as i64, none.as_mut_ptr());
-            mad_rows(tile.as_ptr() as *const c_void, stride, -1, w.as_ptr(), none.as_mut_ptr(), 128);
-            mad_rows(tile.as_ptr() as *const c_void, stride, 3, w.as_ptr(), none.as_mut_ptr(), 0);
+            dot_rows(
+                tile.as_ptr() as *const c_void,
+                stride,
+                0,
+                q.as_ptr(),
+                len as i64,
+                none.as_mut_ptr(),
+            );
+            dot_rows(
+                tile.as_ptr() as *const c_void,
+                stride,
+                -2,
+                q.as_ptr(),
+                len as i64,
+                none.as_mut_ptr(),
+            );
+            mad_rows(
+                tile.as_ptr() as *const c_void,
+                stride,
+                -1,
+                w.as_ptr(),
+                none.as_mut_ptr(),
+                128,
+            );
+            mad_rows(
+                tile.as_ptr() as *const c_void,
+                stride,
+                3,
+                w.as_ptr(),
+                none.as_mut_ptr(),
+                0,
+            );
         }
         assert_eq!(none, [3.0; 4]);
     }
@@ -305,7 +423,10 @@ fn header_declares_the_new_functions() {
     ))
     .unwrap();
     for sym in ffi_tcq::EXPORTED_SYMBOLS {
-        assert!(h.contains(&format!(" {sym}(")), "turboquant.h does not declare {sym}");
+        assert!(
+            h.contains(&format!(" {sym}(")),
+            "turboquant.h does not declare {sym}"
+        );
     }
     assert!(h.contains(&format!("#define TQ_TURBO3_TCQ {TQ_TURBO3_TCQ}\n")));
     assert!(h.contains(&format!("#define TQ_TURBO2_TCQ {TQ_TURBO2_TCQ}\n")));

@@ -72,12 +72,15 @@ fn window_decoder_equals_the_serial_recursion() {
         for seed in 0..200u64 {
             let b = random_blocks(ty, 4, seed);
             let mut want = vec![0f32; 4 * 64];
-            for (blk, y) in b.chunks_exact(ty.block_bytes()).zip(want.chunks_exact_mut(64)) {
+            for (blk, y) in b
+                .chunks_exact(ty.block_bytes())
+                .zip(want.chunks_exact_mut(64))
+            {
                 dequantize_block(ty, blk, y);
-                for t in 0..64 {
+                for (t, yt) in y.iter().enumerate() {
                     let s = state_at(&blk[2..], ty.k(), ty.l(), t);
                     let d = turboquant::block::decode_scale(u16::from_ne_bytes([blk[0], blk[1]]));
-                    assert_eq!(y[t].to_bits(), (d * tab[s as usize]).to_bits());
+                    assert_eq!(yt.to_bits(), (d * tab[s as usize]).to_bits());
                 }
             }
             for level in available_levels() {
@@ -127,7 +130,10 @@ fn check_dot(got: f32, ty: TcqType, x: &[u8], q: &[f32]) -> f64 {
         return 0.0;
     }
     let err = (got as f64 - want as f64).abs();
-    assert!(err <= 1e-5 * mag + 1e-30, "{ty:?}: {got} vs {want} (Σ|terms| {mag})");
+    assert!(
+        err <= 1e-5 * mag + 1e-30,
+        "{ty:?}: {got} vs {want} (Σ|terms| {mag})"
+    );
     if mag > 0.0 {
         err / mag
     } else {
@@ -245,13 +251,28 @@ fn codec_rows_reject_partial_blocks() {
             let x = vec![0f32; n];
             let mut y = vec![0f32; n];
             let nb = n.div_ceil(64);
-            assert_eq!(codec::dequantize(ty, &vec![0; nb * bb], &mut y), Err(TqError::BadLength));
-            assert_eq!(codec::vec_dot(ty, &vec![0; nb * bb], &x), Err(TqError::BadLength));
-            assert_eq!(codec::mad(ty, &vec![0; nb * bb], &mut y, 1.0), Err(TqError::BadLength));
+            assert_eq!(
+                codec::dequantize(ty, &vec![0; nb * bb], &mut y),
+                Err(TqError::BadLength)
+            );
+            assert_eq!(
+                codec::vec_dot(ty, &vec![0; nb * bb], &x),
+                Err(TqError::BadLength)
+            );
+            assert_eq!(
+                codec::mad(ty, &vec![0; nb * bb], &mut y, 1.0),
+                Err(TqError::BadLength)
+            );
             let mut out = vec![0u8; nb * bb];
             let mut sc = Scratch::new(ty.l(), ty.k(), 64);
-            assert_eq!(codec::quantize(ty, &x, &mut out, &mut sc), Err(TqError::BadLength));
-            assert_eq!(codec::quantize_thread_scratch(ty, &x, &mut out), Err(TqError::BadLength));
+            assert_eq!(
+                codec::quantize(ty, &x, &mut out, &mut sc),
+                Err(TqError::BadLength)
+            );
+            assert_eq!(
+                codec::quantize_thread_scratch(ty, &x, &mut out),
+                Err(TqError::BadLength)
+            );
         }
     }
 }
@@ -278,9 +299,9 @@ fn ref_viterbi(tr: &Trellis, u: &[f32], start: Option<u32>, end: Option<u32>) ->
     let nh = 1usize << k;
     let n = u.len();
     let mut costs = vec![0f32; ns * n];
-    for s in 0..ns {
+    for (s, c) in costs[..ns].iter_mut().enumerate() {
         let e = u[0] - tr.table[s];
-        costs[s] = match start {
+        *c = match start {
             Some(o) if (s >> k) as u32 != o => f32::INFINITY,
             _ => e * e,
         };

@@ -155,9 +155,11 @@ pub mod scalar {
     }
 }
 
+/// Whether `level` runs the x86 kernels (AVX2 + FMA; AVX-512 CPUs have both).
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn simd(level: SimdLevel) -> bool {
-    cfg!(target_arch = "x86_64") && level >= SimdLevel::Avx2
+    level >= SimdLevel::Avx2
 }
 
 /// Decodes `nb` blocks at `level`.
@@ -184,7 +186,13 @@ pub unsafe fn dequantize_raw(level: SimdLevel, ty: TcqType, x: *const u8, y: *mu
 /// # Safety
 /// As [`dequantize_raw`], with `q` pointing to `nb * 64` readable floats.
 #[inline(always)]
-pub unsafe fn vec_dot_raw(level: SimdLevel, ty: TcqType, x: *const u8, q: *const f32, nb: usize) -> f32 {
+pub unsafe fn vec_dot_raw(
+    level: SimdLevel,
+    ty: TcqType,
+    x: *const u8,
+    q: *const f32,
+    nb: usize,
+) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if simd(level) {
         return match ty {
@@ -241,18 +249,20 @@ pub unsafe fn dot_rows_raw(
     #[cfg(target_arch = "x86_64")]
     if simd(level) {
         return match ty {
-            TcqType::Turbo3Tcq => {
-                super::x86::avx2_dot_rows::<3>(x, stride, nrows, q, nb, out)
-            }
-            TcqType::Turbo2Tcq => {
-                super::x86::avx2_dot_rows::<2>(x, stride, nrows, q, nb, out)
-            }
+            TcqType::Turbo3Tcq => super::x86::avx2_dot_rows::<3>(x, stride, nrows, q, nb, out),
+            TcqType::Turbo2Tcq => super::x86::avx2_dot_rows::<2>(x, stride, nrows, q, nb, out),
         };
     }
     let _ = level;
     let xs = core::slice::from_raw_parts(x, (nrows - 1) * stride + nb * ty.block_bytes());
     let qs = core::slice::from_raw_parts(q, nb * QK);
-    scalar::dot_rows(ty, xs, stride, qs, core::slice::from_raw_parts_mut(out, nrows))
+    scalar::dot_rows(
+        ty,
+        xs,
+        stride,
+        qs,
+        core::slice::from_raw_parts_mut(out, nrows),
+    )
 }
 
 /// `y += Σ_r w[r] * decode(row r)` over `nrows` rows `stride` bytes apart,
@@ -280,18 +290,20 @@ pub unsafe fn mad_rows_raw(
     #[cfg(target_arch = "x86_64")]
     if simd(level) {
         return match ty {
-            TcqType::Turbo3Tcq => {
-                super::x86::avx2_mad_rows::<3>(x, stride, nrows, w, y, nb)
-            }
-            TcqType::Turbo2Tcq => {
-                super::x86::avx2_mad_rows::<2>(x, stride, nrows, w, y, nb)
-            }
+            TcqType::Turbo3Tcq => super::x86::avx2_mad_rows::<3>(x, stride, nrows, w, y, nb),
+            TcqType::Turbo2Tcq => super::x86::avx2_mad_rows::<2>(x, stride, nrows, w, y, nb),
         };
     }
     let _ = level;
     let xs = core::slice::from_raw_parts(x, (nrows - 1) * stride + nb * ty.block_bytes());
     let ws = core::slice::from_raw_parts(w, nrows);
-    scalar::mad_rows(ty, xs, stride, ws, core::slice::from_raw_parts_mut(y, nb * QK))
+    scalar::mad_rows(
+        ty,
+        xs,
+        stride,
+        ws,
+        core::slice::from_raw_parts_mut(y, nb * QK),
+    )
 }
 
 // ------------------------------------------------------ safe row API ---

@@ -111,11 +111,7 @@ unsafe fn hsum256(v: __m256) -> f32 {
 
 /// `y = d * TABLE[s]` (bit-exact with the scalar oracle).
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn avx2_dequantize<const K: usize>(
-    x: *const u8,
-    y: *mut f32,
-    nb: usize,
-) {
+pub unsafe fn avx2_dequantize<const K: usize>(x: *const u8, y: *mut f32, nb: usize) {
     let bb = 2 + 8 * K;
     let pd = pairs::<K>();
     for b in 0..nb {
@@ -123,19 +119,15 @@ pub unsafe fn avx2_dequantize<const K: usize>(
         let w = block_words::<K>(blk.add(2));
         let d = _mm256_set1_ps(scale_at(blk));
         let yb = y.add(b * 64);
-        for g in 0..8 {
-            _mm256_storeu_ps(yb.add(8 * g), _mm256_mul_ps(d, look::<K>(pd, w[g])));
+        for (g, &wg) in w.iter().enumerate() {
+            _mm256_storeu_ps(yb.add(8 * g), _mm256_mul_ps(d, look::<K>(pd, wg)));
         }
     }
 }
 
 /// `Σ decode(x) * q`: per block `Σ TABLE[s] q` in f32 (FMA), times `d`.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn avx2_vec_dot<const K: usize>(
-    x: *const u8,
-    q: *const f32,
-    nb: usize,
-) -> f32 {
+pub unsafe fn avx2_vec_dot<const K: usize>(x: *const u8, q: *const f32, nb: usize) -> f32 {
     let bb = 2 + 8 * K;
     let pd = pairs::<K>();
     let mut acc = [_mm256_setzero_ps(); 2];
@@ -156,12 +148,7 @@ pub unsafe fn avx2_vec_dot<const K: usize>(
 
 /// `y += v * (d * TABLE[s])` (bit-exact with the scalar oracle).
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn avx2_mad<const K: usize>(
-    x: *const u8,
-    y: *mut f32,
-    nb: usize,
-    v: f32,
-) {
+pub unsafe fn avx2_mad<const K: usize>(x: *const u8, y: *mut f32, nb: usize, v: f32) {
     let bb = 2 + 8 * K;
     let pd = pairs::<K>();
     let vv = _mm256_set1_ps(v);
@@ -170,8 +157,8 @@ pub unsafe fn avx2_mad<const K: usize>(
         let w = block_words::<K>(blk.add(2));
         let d = _mm256_set1_ps(scale_at(blk));
         let yb = y.add(b * 64);
-        for g in 0..8 {
-            let t = _mm256_mul_ps(vv, _mm256_mul_ps(d, look::<K>(pd, w[g])));
+        for (g, &wg) in w.iter().enumerate() {
+            let t = _mm256_mul_ps(vv, _mm256_mul_ps(d, look::<K>(pd, wg)));
             let p = yb.add(8 * g);
             _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), t));
         }
@@ -214,8 +201,8 @@ pub unsafe fn avx2_dot_rows<const K: usize>(
             let mut p = [_mm256_setzero_ps(); 4];
             for g in 0..8 {
                 let qv = _mm256_loadu_ps(qb.add(8 * g));
-                for i in 0..4 {
-                    p[i] = _mm256_fmadd_ps(look::<K>(pd, ws[i][g]), qv, p[i]);
+                for (pi, wi) in p.iter_mut().zip(&ws) {
+                    *pi = _mm256_fmadd_ps(look::<K>(pd, wi[g]), qv, *pi);
                 }
             }
             for i in 0..4 {
@@ -270,4 +257,3 @@ pub unsafe fn avx2_mad_rows<const K: usize>(
         }
     }
 }
-
