@@ -179,6 +179,38 @@ void tq_ggml_mad_turbo2_tcq(const void *x, float *y, int64_t k, float v);
    with nbytes > 0. */
 int tq_ggml_validate_row(int type, const void *x, size_t nbytes);
 
+/* --- trellis-coded types: checked functions and flash-attention tiles (src/ffi_tcq.rs) ---
+   Type ids of the checked tq_tcq_* functions (the tq_type ids above are not accepted there). */
+#define TQ_TURBO3_TCQ 13
+#define TQ_TURBO2_TCQ 12
+
+int64_t tq_tcq_block_bytes(int type); /* 26 / 18; -1 for an unknown type */
+
+/* As tq_quantize / tq_dequantize / tq_vec_dot_f32 / tq_mad for the trellis types: 0, or
+   TQ_ERR_UNKNOWN_TYPE, TQ_ERR_NULL_POINTER (NULL is an error even when n == 0) or
+   TQ_ERR_BAD_LENGTH (n < 0 or not a multiple of 64), checked in that order; nothing is
+   written on error. quantize sanitizes NaN -> 0, +-Inf -> +-65504 and writes the bytes of
+   tq_ggml_quantize_row_*_tcq (per-thread 72 KB scratch, made on the thread's first call). */
+int tq_tcq_quantize(int type, const float *x, void *out, int64_t n);
+int tq_tcq_dequantize(int type, const void *in, float *y, int64_t n);
+int tq_tcq_vec_dot_f32(int type, const void *x, const float *y, int64_t n, float *out);
+int tq_tcq_mad(int type, const void *x, float *y, int64_t n, float v);
+
+/* ggml_validate_row_data for a trellis type (as tq_ggml_validate_row). */
+int tq_tcq_validate_row(int type, const void *x, size_t nbytes);
+
+/* Flash-attention decode tiles, same signatures and semantics as tq_ggml_dot_rows_turbo3 /
+   tq_ggml_mad_rows_turbo3: dot_rows within 1e-5 * sum|terms| of the vec_dot hook,
+   mad_rows bit-exact with nrows calls of the mad hook; nrows <= 0 does nothing. */
+void tq_ggml_dot_rows_turbo3_tcq(const void *x, size_t stride, int64_t nrows, const float *q,
+                                 int64_t k, float *scores);
+void tq_ggml_dot_rows_turbo2_tcq(const void *x, size_t stride, int64_t nrows, const float *q,
+                                 int64_t k, float *scores);
+void tq_ggml_mad_rows_turbo3_tcq(const void *x, size_t stride, int64_t nrows, const float *w,
+                                 float *y, int64_t k);
+void tq_ggml_mad_rows_turbo2_tcq(const void *x, size_t stride, int64_t nrows, const float *w,
+                                 float *y, int64_t k);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,9 @@
 //! of 64); a trailing partial block is ignored rather than read out of bounds.
 #![allow(clippy::missing_safety_doc)]
 
+mod tcq_abi;
+pub use tcq_abi::*;
+
 use core::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};

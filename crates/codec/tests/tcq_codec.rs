@@ -224,7 +224,8 @@ proptest! {
             let want: f64 = y.iter().zip(&q).map(|(&a, &c)| (a * c) as f64).sum();
             let got = codec::vec_dot(ty, &b, &q).unwrap();
             let mag: f64 = y.iter().zip(&q).map(|(&a, &c)| (a * c).abs() as f64).sum();
-            prop_assert!((got as f64 - want).abs() <= 1e-6 * mag + 1e-30);
+            // the dispatching vec_dot: the kernels' bound (tests/tcq_kernels.rs)
+            prop_assert!((got as f64 - want).abs() <= 1e-5 * mag + 1e-30);
             let mut acc = q.clone();
             codec::mad(ty, &b, &mut acc, v).unwrap();
             for i in 0..acc.len() {

@@ -13,10 +13,12 @@
 //! corrupted scale (NaN, Inf, negative) decodes to zeros as for turbo types.
 
 use super::block::{pack_symbols, unpack_symbols, TcqType};
+use super::kernels;
 use super::viterbi::{path_symbols, symbol_states, Scratch, Trellis};
 use crate::block::decode_scale;
 use crate::error::Result;
 use crate::kernels::scalar::sanitize;
+use crate::kernels::simd_level;
 use crate::QK;
 use half::f16;
 
@@ -169,38 +171,48 @@ pub fn quantize(ty: TcqType, x: &[f32], out: &mut [u8], scratch: &mut Scratch) -
     Ok(())
 }
 
-/// Decodes whole blocks of `ty` into `y` (64 values per block).
+thread_local! {
+    static THREAD_SCRATCH: core::cell::RefCell<[Option<Scratch>; 2]> =
+        const { core::cell::RefCell::new([None, None]) };
+}
+
+/// [`quantize`] with a per-thread, per-type [`Scratch`] made on the thread's
+/// first call (what the checked C ABI uses; no allocation after that).
+pub fn quantize_thread_scratch(ty: TcqType, x: &[f32], out: &mut [u8]) -> Result<()> {
+    ty.checked_blocks(x.len(), out.len())?;
+    let slot = (ty == TcqType::Turbo2Tcq) as usize;
+    THREAD_SCRATCH.with(|c| {
+        let mut c = c.borrow_mut();
+        let sc = c[slot].get_or_insert_with(|| Scratch::new(ty.l(), ty.k(), QK));
+        quantize(ty, x, out, sc)
+    })
+}
+
+/// Decodes whole blocks of `ty` into `y` (64 values per block), on the
+/// fastest kernel path (bit-exact with [`kernels::scalar::dequantize_row`]
+/// and [`dequantize_block`] on every path).
 pub fn dequantize(ty: TcqType, x: &[u8], y: &mut [f32]) -> Result<()> {
-    ty.checked_blocks(y.len(), x.len())?;
-    for (b, yb) in x.chunks_exact(ty.block_bytes()).zip(y.chunks_exact_mut(QK)) {
-        dequantize_block(ty, b, yb);
-    }
+    let nb = ty.checked_blocks(y.len(), x.len())?;
+    // SAFETY: lengths checked; the dispatch level is one the CPU supports.
+    unsafe { kernels::dequantize_raw(simd_level(), ty, x.as_ptr(), y.as_mut_ptr(), nb) };
     Ok(())
 }
 
-/// `Σ decode(x)_j * y_j`, accumulated in f64 (the oracle for SIMD paths).
+/// `Σ decode(x)_j * y_j` on the fastest kernel path: within
+/// `1e-5 * Σ_j |decode(x)_j * y_j|` of the scalar oracle
+/// [`kernels::scalar::vec_dot_row`] (f32 terms summed in f64), which is
+/// what `TQ_SIMD=scalar` runs.
 pub fn vec_dot(ty: TcqType, x: &[u8], y: &[f32]) -> Result<f32> {
-    ty.checked_blocks(y.len(), x.len())?;
-    let mut acc = 0f64;
-    let mut tmp = [0f32; QK];
-    for (b, yb) in x.chunks_exact(ty.block_bytes()).zip(y.chunks_exact(QK)) {
-        dequantize_block(ty, b, &mut tmp);
-        for (&a, &v) in tmp.iter().zip(yb) {
-            acc += (a * v) as f64;
-        }
-    }
-    Ok(acc as f32)
+    let nb = ty.checked_blocks(y.len(), x.len())?;
+    // SAFETY: as in `dequantize`.
+    Ok(unsafe { kernels::vec_dot_raw(simd_level(), ty, x.as_ptr(), y.as_ptr(), nb) })
 }
 
-/// `y_j += v * decode(x)_j`.
+/// `y_j += v * decode(x)_j` (`v * (d * TABLE[s])`, then the add) on the
+/// fastest kernel path; bit-exact with the scalar oracle.
 pub fn mad(ty: TcqType, x: &[u8], y: &mut [f32], v: f32) -> Result<()> {
-    ty.checked_blocks(y.len(), x.len())?;
-    let mut tmp = [0f32; QK];
-    for (b, yb) in x.chunks_exact(ty.block_bytes()).zip(y.chunks_exact_mut(QK)) {
-        dequantize_block(ty, b, &mut tmp);
-        for (dst, &a) in yb.iter_mut().zip(&tmp) {
-            *dst += v * a;
-        }
-    }
+    let nb = ty.checked_blocks(y.len(), x.len())?;
+    // SAFETY: as in `dequantize`.
+    unsafe { kernels::mad_raw(simd_level(), ty, x.as_ptr(), y.as_mut_ptr(), nb, v) };
     Ok(())
 }

@@ -11,13 +11,17 @@
 //! start state is stored). The encoder is a Viterbi search over this trellis;
 //! the table is trained on seeded Gaussian data (crates/codec/src/tcq/train.rs).
 //!
-//! This stage is the codec and its scalar references only; GGML registration,
-//! SIMD and CUDA come later (docs/TCQ.md lists what is left).
+//! The codec, its scalar references and the decode-side row kernels
+//! ([`kernels`]: scalar oracle + AVX2); GGML registration and CUDA come later
+//! (docs/TCQ.md lists what is left).
 
 pub mod block;
 pub mod codec;
+pub mod kernels;
 pub mod train;
 pub mod viterbi;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
 #[rustfmt::skip]
 pub mod tables;
 

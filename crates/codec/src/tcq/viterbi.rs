@@ -6,6 +6,14 @@
 //! [`Scratch::viterbi`] returns a minimum-cost path, exactly (ties to the
 //! lowest predecessor / final state), optionally with the tail-biting overlap
 //! fixed. Nothing allocates after [`Scratch::new`].
+//!
+//! The forward pass stores every step's path costs and every step's group
+//! minima `m[j] = min_hi cost[hi * 2^(L-k) + j]` (the values it adds the
+//! branch metrics to); the traceback takes, per step, the lowest `hi` whose
+//! cost equals the stored minimum (a branch-free mask and a trailing-zero
+//! count; the scan the forward pass would make if no cost equals it, which
+//! only NaN inputs can cause). That is the predecessor a strict `<` scan
+//! picks, so the path does not depend on which forward pass ran.
 
 /// A bitshift trellis: `L` state bits, `k` bits per value, `2^L` values.
 #[derive(Clone, Copy, Debug)]
@@ -52,7 +60,8 @@ pub struct Scratch {
     /// (traceback recomputes each argmin from them: no back-pointers to
     /// track in the forward pass).
     costs: Vec<f32>,
-    m: Vec<f32>,
+    /// Group minima of every step's costs, `max_len * 2^(L-k)`.
+    mins: Vec<f32>,
     rot: Vec<f32>,
     /// The last path found (states), `max_len` entries.
     pub states: Vec<u32>,
@@ -68,7 +77,7 @@ impl Scratch {
             k,
             max_len,
             costs: vec![0.0; ns * max_len],
-            m: vec![0.0; g],
+            mins: vec![0.0; g * max_len],
             rot: vec![0.0; max_len],
             states: vec![0; max_len],
         }
@@ -85,6 +94,19 @@ impl Scratch {
         start: Option<u32>,
         end: Option<u32>,
     ) -> f32 {
+        self.viterbi_down_to(tr, u, start, end, 0)
+    }
+
+    /// [`Scratch::viterbi`] whose traceback stops at value `stop`:
+    /// `self.states[stop..n]` is the path, `self.states[..stop]` is stale.
+    fn viterbi_down_to(
+        &mut self,
+        tr: &Trellis,
+        u: &[f32],
+        start: Option<u32>,
+        end: Option<u32>,
+        stop: usize,
+    ) -> f32 {
         let (l, k) = (tr.l, tr.k);
         assert!(l == self.l && k == self.k && !u.is_empty() && u.len() <= self.max_len);
         let n = u.len();
@@ -92,7 +114,7 @@ impl Scratch {
         let g = tr.groups();
         let table = &tr.table[..ns];
         let costs = &mut self.costs[..ns * n];
-        let m = &mut self.m[..g];
+        let mins = &mut self.mins[..g * n];
         // t = 0: every state, or only those whose top L-k bits are the overlap.
         for (s, (c, &v)) in costs[..ns].iter_mut().zip(table).enumerate() {
             let e = u[0] - v;
@@ -106,36 +128,38 @@ impl Scratch {
             if crate::kernels::simd_level() >= crate::kernels::SimdLevel::Avx2 {
                 // SAFETY: AVX2 was detected; the same exactly rounded IEEE
                 // operations as the portable build, so the same costs.
-                unsafe { forward_avx2(costs, m, table, u, k) };
+                unsafe { forward_avx2(costs, mins, table, u, k) };
             } else {
-                forward(costs, m, table, u, k);
+                forward(costs, mins, table, u, k);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        forward(costs, m, table, u, k);
+        forward(costs, mins, table, u, k);
         let last = &costs[(n - 1) * ns..n * ns];
         let mut best = u32::MAX;
         let mut best_cost = f32::INFINITY;
-        for (s, &c) in last.iter().enumerate() {
-            let ok = end.is_none_or(|o| (s & (g - 1)) as u32 == o);
-            if ok && (c < best_cost || best == u32::MAX) {
+        let mut consider = |s: usize| {
+            let c = last[s];
+            if c < best_cost || best == u32::MAX {
                 best = s as u32;
                 best_cost = c;
             }
+        };
+        match end {
+            // the admitted states (s mod 2^(L-k) == o), in ascending order
+            Some(o) => {
+                for h in 0..1usize << k {
+                    consider(h * g + o as usize);
+                }
+            }
+            None => (0..ns).for_each(&mut consider),
         }
         let states = &mut self.states[..n];
         states[n - 1] = best;
-        for t in (1..n).rev() {
-            // the predecessor the forward pass took: lowest hi of the minimum
-            let gi = (states[t] >> k) as usize;
-            let prev = &costs[(t - 1) * ns..t * ns];
-            let mut hi = 0usize;
-            for h in 1..1usize << k {
-                if prev[h * g + gi] < prev[hi * g + gi] {
-                    hi = h;
-                }
-            }
-            states[t - 1] = ((hi << (l - k)) | gi) as u32;
+        match k {
+            2 => traceback::<4>(costs, mins, states, stop, l, k, g),
+            3 => traceback::<8>(costs, mins, states, stop, l, k, g),
+            _ => traceback::<0>(costs, mins, states, stop, l, k, g),
         }
         best_cost
     }
@@ -161,7 +185,8 @@ impl Scratch {
         let mut rot = core::mem::take(&mut self.rot);
         rot[..h].copy_from_slice(&u[n - h..]);
         rot[h..w].copy_from_slice(&u[..w - h]);
-        self.viterbi(tr, &rot[..w], None, None);
+        // only the state at h - 1 is needed from this pass
+        self.viterbi_down_to(tr, &rot[..w], None, None, h - 1);
         self.rot = rot;
         let o = self.states[h - 1] & (tr.groups() as u32 - 1);
         self.viterbi(tr, u, Some(o), Some(o))
@@ -185,13 +210,59 @@ impl Scratch {
     }
 }
 
-/// Steps `t = 1..n`: `costs[t]` from `costs[t - 1]` (rows of `2^L`).
+/// Fills `states[stop..n-1]` back from `states[n-1]`: per step the lowest `hi`
+/// whose cost equals the stored group minimum (a mask and a trailing-zero
+/// count: no data-dependent branch), or, if none does (NaN costs), the strict
+/// `<` scan. `NH` = `2^k` when known at compile time (else 0).
 #[inline(always)]
-fn forward(costs: &mut [f32], m: &mut [f32], table: &[f32], u: &[f32], k: u32) {
+fn traceback<const NH: usize>(
+    costs: &[f32],
+    mins: &[f32],
+    states: &mut [u32],
+    stop: usize,
+    l: u32,
+    k: u32,
+    g: usize,
+) {
+    let nh = if NH > 0 { NH } else { 1usize << k };
+    let ns = nh * g;
+    let n = states.len();
+    for t in (stop + 1..n).rev() {
+        let gi = (states[t] >> k) as usize;
+        // the costs of group gi's predecessors: prev[h * g]
+        let prev = &costs[(t - 1) * ns + gi..(t - 1) * ns + gi + (nh - 1) * g + 1];
+        let mv = mins[(t - 1) * g + gi];
+        let mut mask = 0u64;
+        if nh <= 64 {
+            for h in 0..nh {
+                mask |= ((prev[h * g] == mv) as u64) << h;
+            }
+        }
+        let hi = if mask != 0 {
+            mask.trailing_zeros() as usize
+        } else {
+            let mut hi = 0usize;
+            for h in 1..nh {
+                if prev[h * g] < prev[hi * g] {
+                    hi = h;
+                }
+            }
+            hi
+        };
+        states[t - 1] = ((hi << (l - k)) | gi) as u32;
+    }
+}
+
+/// Steps `t = 1..n`: `costs[t]` from `costs[t - 1]` (rows of `2^L`), and
+/// `mins[t - 1]` (rows of `2^(L-k)`) the group minima of `costs[t - 1]`.
+#[inline(always)]
+fn forward(costs: &mut [f32], mins: &mut [f32], table: &[f32], u: &[f32], k: u32) {
     let ns = table.len();
+    let g = ns >> k;
     for (t, &ut) in u.iter().enumerate().skip(1) {
         let (done, rest) = costs.split_at_mut(t * ns);
         let (cur, nxt) = (&done[(t - 1) * ns..], &mut rest[..ns]);
+        let m = &mut mins[(t - 1) * g..t * g];
         match k {
             1 => step::<2>(cur, nxt, m, table, ut),
             2 => step::<4>(cur, nxt, m, table, ut),
@@ -207,15 +278,81 @@ fn forward(costs: &mut [f32], m: &mut [f32], table: &[f32], u: &[f32], k: u32) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn forward_avx2(costs: &mut [f32], m: &mut [f32], table: &[f32], u: &[f32], k: u32) {
+unsafe fn forward_avx2(costs: &mut [f32], mins: &mut [f32], table: &[f32], u: &[f32], k: u32) {
     let ns = table.len();
-    if !(k == 2 || k == 3) || !m.len().is_multiple_of(8) {
-        return forward(costs, m, table, u, k);
+    let g = ns >> k;
+    match (k, g) {
+        (3, 32) => return forward_fused_avx2::<3, 4>(costs, mins, table, u),
+        (2, 64) => return forward_fused_avx2::<2, 8>(costs, mins, table, u),
+        _ => {}
+    }
+    if !(k == 2 || k == 3) || !g.is_multiple_of(8) {
+        return forward(costs, mins, table, u, k);
     }
     for (t, &ut) in u.iter().enumerate().skip(1) {
         let (done, rest) = costs.split_at_mut(t * ns);
         let (cur, nxt) = (&done[(t - 1) * ns..], &mut rest[..ns]);
-        step_avx2(cur, nxt, m, table, ut, k);
+        step_avx2(cur, nxt, &mut mins[(t - 1) * g..t * g], table, ut, k);
+    }
+}
+
+/// The forward pass for k = 2 / 3 with `MG = 2^(L-k) / 8` group-minimum
+/// vectors kept in registers: each step writes its costs and folds them into
+/// the next step's group minima as it goes (cost vector `v` holds states
+/// `8v..8v+8`, whose groups are the lanes of minimum vector `v mod MG` and
+/// whose `hi` is `v / MG`, so the `vminps(c, m)` sequence per group runs
+/// over `hi = 0, 1, ..` exactly as [`step_avx2`]'s does: the same bits,
+/// without reading the costs back).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn forward_fused_avx2<const K: u32, const MG: usize>(
+    costs: &mut [f32],
+    mins: &mut [f32],
+    table: &[f32],
+    u: &[f32],
+) {
+    use core::arch::x86_64::*;
+    let n = u.len();
+    let g = 8 * MG;
+    let ns = g << K;
+    assert!(table.len() == ns && costs.len() >= n * ns && mins.len() >= n * g);
+    // group minima of row 0
+    let (cp, mp, tp) = (costs.as_mut_ptr(), mins.as_mut_ptr(), table.as_ptr());
+    for a in 0..MG {
+        let mut mv = _mm256_loadu_ps(cp.add(8 * a));
+        for hi in 1..1usize << K {
+            mv = _mm256_min_ps(_mm256_loadu_ps(cp.add(hi * g + 8 * a)), mv);
+        }
+        _mm256_storeu_ps(mp.add(8 * a), mv);
+    }
+    for (t, &ut) in u.iter().enumerate().skip(1) {
+        let uv = _mm256_set1_ps(ut);
+        let mprev = mp.add((t - 1) * g);
+        let np = cp.add(t * ns);
+        let mut acc = [_mm256_setzero_ps(); MG];
+        // v = hi * MG + a: the inner loop has a constant trip count, so the
+        // MG minima stay in registers
+        for hi in 0..1usize << K {
+            for (a, m) in acc.iter_mut().enumerate() {
+                let v = hi * MG + a;
+                let e = _mm256_sub_ps(uv, _mm256_loadu_ps(tp.add(8 * v)));
+                let mb = if K == 3 {
+                    _mm256_broadcast_ss(&*mprev.add(v))
+                } else {
+                    // [m[2v], m[2v+1]] in every 64 bits, then [a a a a | b b b b]
+                    let pair = (mprev.add(2 * v) as *const f64).read_unaligned();
+                    let p = _mm256_castpd_ps(_mm256_set1_pd(pair));
+                    _mm256_permutevar_ps(p, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1))
+                };
+                let c = _mm256_add_ps(mb, _mm256_mul_ps(e, e));
+                _mm256_storeu_ps(np.add(8 * v), c);
+                *m = if hi == 0 { c } else { _mm256_min_ps(c, *m) };
+            }
+        }
+        let mnext = mp.add(t * g);
+        for (a, m) in acc.iter().enumerate() {
+            _mm256_storeu_ps(mnext.add(8 * a), *m);
+        }
     }
 }
 
