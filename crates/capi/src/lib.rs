@@ -404,9 +404,9 @@ pub unsafe extern "C" fn tq_ggml_validate_row(t: c_int, x: *const c_void, nbytes
 
 // ------------------------------------------- trellis-coded ggml hooks ---
 //
-// turbo3_tcq / turbo2_tcq (src/tcq, docs/TCQ.md): scalar reference paths for
-// now. The encoder needs a Viterbi `Scratch` (64 KB at L = 8): one per thread
-// and type, made on a thread's first call and reused, so no call after the
+// turbo3_tcq / turbo2_tcq (crates/codec/src/tcq, docs/TCQ.md), on the codec's
+// dispatching kernels. The encoder needs a Viterbi `Scratch` (tens of KB): one per
+// thread and type, made on a thread's first call and reused, so no call after the
 // first allocates.
 
 thread_local! {

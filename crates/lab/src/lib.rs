@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::Path;
 use turboquant_codec::rotation::{self, SplitMix64, DEFAULT_SEED};
+use turboquant_codec::tcq::TcqType;
 use turboquant_codec::TqType;
 
 // ---------------------------------------------------------------------------------------
@@ -376,16 +377,20 @@ pub enum Codec {
     Q8_0,
     Q4_0,
     Turbo(TqType),
+    /// the trellis-coded types (turbo3_tcq, turbo2_tcq)
+    Tcq(TcqType),
 }
 
 impl Codec {
-    pub const ALL: [Codec; 6] = [
+    pub const ALL: [Codec; 8] = [
         Codec::F16,
         Codec::Q8_0,
         Codec::Q4_0,
         Codec::Turbo(TqType::Turbo4),
         Codec::Turbo(TqType::Turbo3),
         Codec::Turbo(TqType::Turbo2),
+        Codec::Tcq(TcqType::Turbo3Tcq),
+        Codec::Tcq(TcqType::Turbo2Tcq),
     ];
 
     pub fn name(self) -> &'static str {
@@ -395,6 +400,7 @@ impl Codec {
             Codec::Q8_0 => "q8_0",
             Codec::Q4_0 => "q4_0",
             Codec::Turbo(t) => t.name(),
+            Codec::Tcq(t) => t.name(),
         }
     }
 
@@ -408,7 +414,8 @@ impl Codec {
             Codec::F16 => 16.0,
             Codec::Q8_0 => 8.5,
             Codec::Q4_0 => 4.5,
-            Codec::Turbo(t) => t.block_bytes() as f64 * 8.0 / 64.0,
+            Codec::Turbo(t) => t.traits().bits_per_value(),
+            Codec::Tcq(t) => t.traits().bits_per_value(),
         }
     }
 
@@ -425,7 +432,7 @@ impl Codec {
         match self {
             Codec::Identity | Codec::F16 => Rotation::None,
             Codec::Q8_0 | Codec::Q4_0 => Rotation::Plain,
-            Codec::Turbo(_) => Rotation::Seeded,
+            Codec::Turbo(_) | Codec::Tcq(_) => Rotation::Seeded,
         }
     }
 
@@ -444,6 +451,12 @@ impl Codec {
                 let mut bytes = vec![0u8; out.len() / 64 * t.block_bytes()];
                 turboquant_codec::quantize(t, out, &mut bytes).expect("whole blocks");
                 turboquant_codec::dequantize(t, &bytes, out).expect("whole blocks");
+            }
+            Codec::Tcq(t) => {
+                let mut bytes = vec![0u8; out.len() / 64 * t.block_bytes()];
+                turboquant_codec::tcq::codec::quantize_thread_scratch(t, out, &mut bytes)
+                    .expect("whole blocks");
+                turboquant_codec::tcq::codec::dequantize(t, &bytes, out).expect("whole blocks");
             }
         }
         apply_rotation(rot, rot_dim, out);
@@ -503,9 +516,9 @@ pub const K_MEAN_MIN_TOKENS: usize = 32;
 
 impl Codec {
     /// Whether llama.cpp stores `k - m` instead of `k` in a K cache of this type (the
-    /// turbo types, unless `TQ_K_MEAN=0`).
+    /// turbo types, trellis-coded ones included, unless the K mean is turned off).
     pub fn removes_k_mean(self) -> bool {
-        matches!(self, Codec::Turbo(_))
+        matches!(self, Codec::Turbo(_) | Codec::Tcq(_))
     }
 }
 

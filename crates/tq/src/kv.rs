@@ -81,6 +81,8 @@ pub const CACHE_TYPES: &[CacheType] = &[
     turbo(&types::TURBO2),
     turbo(&types::TURBO3),
     turbo(&types::TURBO4),
+    turbo(&types::TURBO3_TCQ),
+    turbo(&types::TURBO2_TCQ),
 ];
 
 pub fn cache_type(name: &str) -> Result<CacheType, String> {
