@@ -1,5 +1,9 @@
 //! Materialise vendor/llama.cpp: fetch the pinned sdist with pip (cached), verify its
-//! sha256, extract the llama.cpp tree, apply our patches, stamp it.
+//! sha256, extract the llama.cpp tree, apply our patch series, stamp it.
+//! The series is every `ggml-ext/patches/*.patch`, applied in name order: the hand-kept
+//! upstream fixes (`00NN-fix-*`), then one generated patch per layer (`01NN-<layer>`,
+//! ggml-ext/refresh-patch.sh); docs/PATCHES.md. The stamp names each patch with its sha256,
+//! so adding, removing, renaming or editing any of them redoes the tree.
 //! `LLAMA_CPP_DIR=/path/to/checkout` uses a local checkout of the pinned commit instead
 //! (copied, then patched; the checkout itself is never modified).
 
@@ -101,6 +105,7 @@ fn archive(pin: &Pin) -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// The series, in the order it applies (file names sort as the numbers say).
 fn patches(root: &Path) -> Result<Vec<PathBuf>, String> {
     let dir = root.join("ggml-ext/patches");
     let mut v: Vec<PathBuf> = fs::read_dir(&dir)

@@ -92,7 +92,18 @@ fn backend_tests_cover_every_pair_type() {
 fn patch_hooks_every_cuda_table() {
     // One hook per dispatch table: if upstream moves a table, refreshing the patch drops the
     // hook and this names the one that is gone.
-    let patch = read("ggml-ext/patches/llama.cpp.patch");
+    // the whole series (docs/PATCHES.md), in the order it applies
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("ggml-ext/patches");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".patch"))
+        .collect();
+    names.sort();
+    let patch: String = names
+        .iter()
+        .map(|n| read(&format!("ggml-ext/patches/{n}")))
+        .collect();
     let hooks = [
         ("ggml/src/ggml-cuda/CMakeLists.txt", "turboquant-cuda.cmake"),
         ("ggml/src/ggml-cuda/fattn-common.cuh", "tq_get_vec_dot_KQ"),
@@ -109,8 +120,8 @@ fn patch_hooks_every_cuda_table() {
         ("ggml/src/ggml-cuda/fattn.cu", "TQ_GGML_CASES"),
         ("ggml/src/ggml-cuda/convert.cu", "TQ_CUDA_CONVERT_CASES"),
         ("ggml/src/ggml-cuda/getrows.cu", "TQ_CUDA_GET_ROWS_CASES"),
-        ("ggml/src/ggml-cuda/set-rows.cu", "TQ_CUDA_SET_ROWS_ARMS"),
-        ("ggml/src/ggml-cuda/cpy.cu", "TQ_CUDA_CPY_ARMS"),
+        ("ggml/src/ggml-cuda/set-rows.cu", "tq_cuda_set_rows<src_t, idx_t>"),
+        ("ggml/src/ggml-cuda/cpy.cu", "tq_cuda_cpy(src0, src1, main_stream)"),
         (
             "ggml/src/ggml-cuda/ggml-cuda.cu",
             "TQ_CUDA_SET_ROWS_SUPPORTED",

@@ -38,35 +38,7 @@ static __device__ void tq_cuda_quantize_turbo4(const float * x, tq_block_turbo4 
         break;
 #define TQ_CUDA_GET_ROWS_CASES TQ_CUDA_GET_ROWS_CASE(2) TQ_CUDA_GET_ROWS_CASE(3) TQ_CUDA_GET_ROWS_CASE(4)
 
-// set-rows.cu: `else if` arms of set_rows_cuda<src_t, idx_t> (f32 source).
-#define TQ_CUDA_SET_ROWS_ARM(T)                                                                 \
-    else if (dst->type == GGML_TYPE_TURBO##T) {                                                 \
-        set_rows_cuda_quant<idx_t, tq_block_turbo##T, TQ_BLOCK_VALUES, tq_cuda_quantize_turbo##T>( \
-            src0_d, src1_d, (tq_block_turbo##T *) dst->data,                                    \
-            ne00, ne01, ne02, ne03, ne10, ne11, ne12, ne13,                                     \
-            nb01, nb02, nb03, nb10, nb11, nb12, nb1, nb2, nb3, stream);                         \
-    }
-#define TQ_CUDA_SET_ROWS_ARMS TQ_CUDA_SET_ROWS_ARM(2) TQ_CUDA_SET_ROWS_ARM(3) TQ_CUDA_SET_ROWS_ARM(4)
-
-// cpy.cu: f32 -> turbo and turbo -> f32, through cpy.cu's generic block-copy kernels.
-static __device__ void tq_cpy_blck_f32_turbo2(const char * cxi, char * cdsti) { tq_cuda_quantize_turbo2((const float *) cxi, (tq_block_turbo2 *) cdsti); }
-static __device__ void tq_cpy_blck_f32_turbo3(const char * cxi, char * cdsti) { tq_cuda_quantize_turbo3((const float *) cxi, (tq_block_turbo3 *) cdsti); }
-static __device__ void tq_cpy_blck_f32_turbo4(const char * cxi, char * cdsti) { tq_cuda_quantize_turbo4((const float *) cxi, (tq_block_turbo4 *) cdsti); }
-
-#define TQ_CUDA_CPY_ARM(T)                                                                      \
-    else if (src0->type == GGML_TYPE_F32 && src1->type == GGML_TYPE_TURBO##T) {                 \
-        GGML_ASSERT(ne % TQ_BLOCK_VALUES == 0);                                                 \
-        const int64_t nblk = (ne/TQ_BLOCK_VALUES + CUDA_CPY_BLOCK_SIZE - 1) / CUDA_CPY_BLOCK_SIZE; \
-        GGML_ASSERT(nblk <= INT_MAX);                                                           \
-        cpy_f32_q<tq_cpy_blck_f32_turbo##T, TQ_BLOCK_VALUES><<<nblk, CUDA_CPY_BLOCK_SIZE, 0, main_stream>>>( \
-            src0_ddc, src1_ddc, ne, ne00, ne01, ne02, nb00, nb01, nb02, nb03, ne10, ne11, ne12, nb10, nb11, nb12, nb13); \
-    } else if (src0->type == GGML_TYPE_TURBO##T && src1->type == GGML_TYPE_F32) {               \
-        const int64_t nblk = (ne/TQ_BLOCK_VALUES + CUDA_CPY_BLOCK_SIZE - 1) / CUDA_CPY_BLOCK_SIZE; \
-        GGML_ASSERT(nblk <= INT_MAX);                                                           \
-        cpy_q_f32<cpy_blck_q_f32<tq_cuda_dequantize_turbo##T, TQ_BLOCK_VALUES>, TQ_BLOCK_VALUES><<<nblk, CUDA_CPY_BLOCK_SIZE, 0, main_stream>>>( \
-            src0_ddc, src1_ddc, ne, ne00, ne01, ne02, nb00, nb01, nb02, nb03, ne10, ne11, ne12, nb10, nb11, nb12, nb13); \
-    }
-#define TQ_CUDA_CPY_ARMS TQ_CUDA_CPY_ARM(2) TQ_CUDA_CPY_ARM(3) TQ_CUDA_CPY_ARM(4)
+// set-rows.cu and cpy.cu: tq-cuda-set-rows.cuh and tq-cuda-cpy.cuh (hooks before upstream's if-chains).
 
 // ggml-cuda.cu supports_op: exactly the cases above.
 #define TQ_CUDA_SET_ROWS_SUPPORTED(op)                                                          \

@@ -14,8 +14,8 @@
  * so sinks and the split-KV reduction work unchanged. Keys whose mask is -INF are skipped,
  * as upstream skips them; results differ from the per-key loop only in float rounding.
  *
- * Used from ggml-cpu/ops.cpp (the patch adds the call), after ggml-cpu's vec.h and
- * simd-mappings.h, whose fp16 conversion and vectorized exp it then uses (without them it
+ * Used from ggml-cpu/ops.cpp (the patch adds one call, tq_ggml_fa_one_chunk at the end of
+ * this file), after ggml-cpu's vec.h and simd-mappings.h, whose fp16 conversion and vectorized exp it then uses (without them it
  * falls back to ggml_fp16_to_fp32 and expf). TQ_FA_TILE=0 in the environment,
  * or tq_ggml_set_fa_tile(0), turns it off.
  */
@@ -25,6 +25,7 @@
 #include "tq-ggml.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Keys per tile: scores, weights and mask values of one tile live on the stack. */
 #define TQ_FA_TILE 32
@@ -121,5 +122,126 @@ static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t 
         fa->mad(v + start * nbv1, nbv1, n, s, VKQ, DV);
     }
 }
+
+
+#ifdef __cplusplus
+/* The patch's hook at the top of ggml-cpu/ops.cpp's
+   ggml_compute_forward_flash_attn_ext_f16_one_chunk (so only inside ggml-cpu, where
+   ggml_compute_params, the CPU type traits and vec.h are known). For a turbo V it computes
+   the chunk's rows [ir0, ir1) over keys [ic_start, ic_end) and returns 1; otherwise 0, and
+   upstream's loop runs. It is upstream's per-row loop with two changes: the keys go through
+   tq_ggml_fa_row in tiles when K is turbo too, and otherwise each V row is added with the
+   fused decode-and-add tq_ggml_mad_* instead of a decode into a buffer and a second pass.
+   Everything around the key loop (ALiBi slope, sinks, split-KV partials, the final
+   normalisation and the permuted store) is upstream's, line for line. Not under use_ref
+   (test-backend-ops' reference): that keeps upstream's own loop. */
+static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params, struct ggml_tensor *dst, int ir0,
+                                       int ir1, int64_t ic_start, int64_t ic_end, float *partials,
+                                       int64_t partial_stride) {
+    const struct ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2];
+    const struct ggml_tensor *mask = dst->src[3], *sinks = dst->src[4];
+    const tq_ggml_mad_t v_mad = tq_ggml_mad_fn(v->type);
+    if (!v_mad || params->use_ref) return 0;
+    const tq_ggml_fa_t fa = tq_ggml_fa_kernels(k->type, v->type);
+
+    const int64_t DK = k->ne[0], DV = v->ne[0];
+    const int64_t neq1 = q->ne[1], neq2 = q->ne[2];
+    const int64_t rk2 = q->ne[2] / k->ne[2], rk3 = q->ne[3] / k->ne[3];
+    const int64_t rv2 = q->ne[2] / v->ne[2], rv3 = q->ne[3] / v->ne[3];
+
+    float scale = 1.0f, max_bias = 0.0f, logit_softcap = 0.0f;
+    memcpy(&scale, (float *) dst->op_params + 0, sizeof(float));
+    memcpy(&max_bias, (float *) dst->op_params + 1, sizeof(float));
+    memcpy(&logit_softcap, (float *) dst->op_params + 2, sizeof(float));
+    if (logit_softcap != 0) scale /= logit_softcap;
+
+    const uint32_t n_head = neq2;
+    const uint32_t n_head_log2 = 1u << (uint32_t) floor(log2(n_head));
+    const float m0 = powf(2.0f, -(max_bias) / n_head_log2);
+    const float m1 = powf(2.0f, -(max_bias / 2.0f) / n_head_log2);
+
+    const enum ggml_type k_vec_dot_type = ggml_get_type_traits_cpu(k->type)->vec_dot_type;
+    const ggml_from_float_t q_to_vec_dot = ggml_get_type_traits_cpu(k_vec_dot_type)->from_float;
+    const ggml_vec_dot_t kq_vec_dot = ggml_get_type_traits_cpu(k->type)->vec_dot;
+    GGML_ASSERT(q_to_vec_dot && "fattn: unsupported K-type");
+
+    for (int ir = ir0; ir < ir1; ++ir) {
+        const int iq3 = ir / (neq2 * neq1);
+        const int iq2 = (ir - iq3 * neq2 * neq1) / neq1;
+        const int iq1 = (ir - iq3 * neq2 * neq1 - iq2 * neq1);
+        const uint32_t h = iq2;
+        const float slope = (max_bias > 0.0f) ? h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2 * (h - n_head_log2) + 1) : 1.0f;
+
+        float S = 0.0f, M = -INFINITY;
+        float *VKQ32 = (float *) params->wdata + params->ith * (1 * DK + 2 * DV + CACHE_LINE_SIZE_F32);
+        void *Q_q = VKQ32 + 2 * DV;
+        memset(VKQ32, 0, DV * sizeof(float));
+
+        const ggml_fp16_t *mp = mask ? (ggml_fp16_t *) ((char *) mask->data + iq1 * mask->nb[1] + (iq2 % mask->ne[2]) * mask->nb[2] +
+                                                        (iq3 % mask->ne[3]) * mask->nb[3])
+                                     : NULL;
+        const int ik3 = iq3 / rk3, ik2 = iq2 / rk2;
+        const int iv3 = iq3 / rv3, iv2 = iq2 / rv2;
+        const char *k_head = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
+        const char *v_head = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
+
+        const float *pq = (const float *) ((char *) q->data + (iq1 * q->nb[1] + iq2 * q->nb[2] + iq3 * q->nb[3]));
+        q_to_vec_dot(pq, Q_q, DK);
+
+        if (fa.dot) {
+            tq_ggml_fa_row(&fa, k_head, k->nb[1], v_head, v->nb[1], (const float *) Q_q, DK, DV, mp, slope, scale,
+                           logit_softcap, ic_start, ic_end, VKQ32, &M, &S);
+        } else {
+            for (int64_t ic = ic_start; ic < ic_end; ++ic) {
+                const float mv = mp ? slope * TQ_FA_FP16_TO_FP32(mp[ic]) : 0.0f;
+                if (mv == -INFINITY) continue;
+                float s;
+                kq_vec_dot(DK, &s, 0, k_head + ic * k->nb[1], 0, Q_q, 0, 1);
+                s = s * scale;
+                if (logit_softcap != 0.0f) s = logit_softcap * tanhf(s);
+                s += mv;
+                const float Mold = M;
+                float ms = 1.0f, vs = 1.0f;
+                if (s > M) {
+                    M = s;
+                    ms = expf(Mold - M);
+                    ggml_vec_scale_f32(DV, VKQ32, ms);
+                } else {
+                    vs = expf(s - M);
+                }
+                v_mad(v_head + ic * v->nb[1], VKQ32, DV, vs);
+                S = S * ms + vs;
+            }
+        }
+
+        /* sinks - only on the first kv-chunk */
+        if (sinks && ic_start == 0) {
+            const float s = ((float *) ((char *) sinks->data))[h];
+            float ms = 1.0f, vs = 1.0f;
+            if (s > M) {
+                ms = expf(M - s);
+                M = s;
+                ggml_vec_scale_f32(DV, VKQ32, ms);
+            } else {
+                vs = expf(s - M);
+            }
+            S = S * ms + vs;
+        }
+
+        if (partials) {
+            float *partial = partials + ir * partial_stride; /* [M, S, VKQ[DV]] */
+            partial[0] = M;
+            partial[1] = S;
+            memcpy(partial + 2, VKQ32, DV * sizeof(float));
+        } else {
+            const float S_inv = S == 0.0f ? 0.0f : 1.0f / S;
+            ggml_vec_scale_f32(DV, VKQ32, S_inv);
+            /* permute(0, 2, 1, 3) */
+            memcpy((char *) dst->data + (iq3 * dst->ne[2] * dst->ne[1] + iq2 + iq1 * dst->ne[1]) * dst->nb[1], VKQ32, dst->nb[1]);
+        }
+    }
+    return 1;
+}
+#endif /* __cplusplus */
 
 #endif /* TQ_GGML_FA_H */

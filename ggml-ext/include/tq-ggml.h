@@ -18,6 +18,7 @@
 #include "turboquant.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* Entries for ggml.c's type_traits table. */
 #define TQ_GGML_TYPE_TRAIT(T, NAME)                                              \
@@ -54,6 +55,15 @@
 #define TQ_GGML_IS_TURBO(t) \
     ((int) (t) >= (int) GGML_TYPE_TURBO2 && (int) (t) <= (int) GGML_TYPE_TURBO4)
 
+/* The turbo type called `name` (its type_name, "turbo2".."turbo4"), or GGML_TYPE_COUNT. */
+static inline enum ggml_type tq_ggml_type_from_name(const char *name) {
+    const enum ggml_type types[] = { GGML_TYPE_TURBO2, GGML_TYPE_TURBO3, GGML_TYPE_TURBO4 };
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); ++i) {
+        if (strcmp(name, ggml_type_name(types[i])) == 0) return types[i];
+    }
+    return GGML_TYPE_COUNT;
+}
+
 /* The codec type (TQ_TURBO2..4) of a ggml type, or -1. */
 static inline int tq_ggml_codec_type(int ggml_type) {
     return TQ_GGML_IS_TURBO(ggml_type) ? ggml_type - (int) GGML_TYPE_TURBO2 + TQ_TURBO2 : -1;
@@ -76,21 +86,38 @@ static inline tq_ggml_mad_t tq_ggml_mad_fn(int ggml_type) {
    TQ_PREFILL_DECODE_MIN_TOKENS queries over a host-resident turbo cache, llama's graph
    decodes K and V to f32 once per layer (a transient compute buffer of n_kv x heads x
    head_dim x 8 bytes) and runs the tiled kernel. One-token decode never pays it.
-   TQ_PREFILL_DECODE=0 in the environment turns it off. */
+   TQ_PREFILL_DECODE=0 in the environment turns it off; it is read once (the first graph
+   built), not per layer or per graph. */
 #define TQ_PREFILL_DECODE_MIN_TOKENS 64
+static inline int tq_ggml_prefill_decode_enabled(void) {
+    static int on = -1; /* benign race: every thread reads the same environment */
+    if (on < 0) {
+        const char *env = getenv("TQ_PREFILL_DECODE");
+        on = !(env && env[0] == '0');
+    }
+    return on;
+}
 static inline int tq_ggml_decode_for_prefill(const struct ggml_tensor *k, const struct ggml_tensor *v,
                                              int64_t n_tokens) {
     const struct ggml_tensor *root = k->view_src ? k->view_src : k;
-    const char *env = getenv("TQ_PREFILL_DECODE");
-    if (n_tokens < TQ_PREFILL_DECODE_MIN_TOKENS || (env && env[0] == '0')) return 0;
+    if (n_tokens < TQ_PREFILL_DECODE_MIN_TOKENS || !tq_ggml_prefill_decode_enabled()) return 0;
     if (!TQ_GGML_IS_TURBO(k->type) && !TQ_GGML_IS_TURBO(v->type)) return 0;
     if (!TQ_GGML_IS_TURBO(k->type) && k->type != GGML_TYPE_F16 && k->type != GGML_TYPE_F32) return 0;
     if (!TQ_GGML_IS_TURBO(v->type) && v->type != GGML_TYPE_F16 && v->type != GGML_TYPE_F32) return 0;
     return root->buffer != NULL && ggml_backend_buffer_is_host(root->buffer);
 }
 
-/* Name of the rotation input tensor when it holds our seeded matrix instead of the plain
-   Walsh-Hadamard one; llama_mul_mat_hadamard must then not ask for the unsigned FWHT. */
-#define TQ_ROT_SEEDED_SUFFIX "_seeded"
+/* The rotation input tensor of a turbo cache holds our seeded matrix instead of the plain
+   Walsh-Hadamard one, and llama_mul_mat_hadamard must then not ask the backend for the
+   (unsigned) fast Walsh-Hadamard transform. The cache marks the tensor in the last int32 of
+   its op_params: it is a graph input (GGML_OP_NONE), whose op_params no op reads. */
+#define TQ_ROT_SEEDED_MAGIC 0x53525154 /* "TQRS" */
+#define TQ_ROT_SEEDED_SLOT (GGML_MAX_OP_PARAMS / sizeof(int32_t) - 1)
+static inline void tq_rot_mark_seeded(struct ggml_tensor *rot) {
+    rot->op_params[TQ_ROT_SEEDED_SLOT] = TQ_ROT_SEEDED_MAGIC;
+}
+static inline int tq_rot_is_seeded(const struct ggml_tensor *rot) {
+    return rot->op != GGML_OP_NONE ? 0 : rot->op_params[TQ_ROT_SEEDED_SLOT] == TQ_ROT_SEEDED_MAGIC;
+}
 
 #endif /* TQ_GGML_H */

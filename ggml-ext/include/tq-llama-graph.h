@@ -1,6 +1,7 @@
 // tq-llama-graph.h - turboquant's K mean removal and K/Q balancing in llama's attention graph
 // (tq-kmean.h has the graph pieces and the reasoning). Included once by llama-graph.cpp;
-// build_attn calls tq_kmean_graph on the roped K before the cache's rotation.
+// both build_attn overloads call tq_llama_attn_k on the roped K before the cache's rotation,
+// and build_attn_mha calls tq_llama_prefill_decode before flash attention.
 //
 // The mode (SET / KEEP / ZERO) the host picked for this ubatch shapes the graph, and a graph
 // input of this file carries it: a graph built for one mode is never reused for another, and
@@ -11,6 +12,8 @@
 #include "ggml-backend.h"
 #include "llama-graph.h"
 #include "llama-kv-cache.h"
+#include "llama-cparams.h"
+#include "tq-ggml.h"
 #include "tq-kmean.h"
 
 #include <memory>
@@ -86,4 +89,26 @@ static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf,
         map = ggml_view_2d(ctx, in->map, hd, hd, hd * sizeof(float), (size_t) il * in->map->nb[1]);
     }
     return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, map, kq_scale, neox);
+}
+
+// The patch's call in both build_attn overloads: K mean removal and K/Q balancing where they
+// keep attention exact (not while training, not with attention sinks: a sink is an extra
+// logit that the shift does not move).
+static inline ggml_tensor * tq_llama_attn_k(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
+                                            const llama_cparams & cparams, const ggml_tensor * sinks,
+                                            ggml_tensor ** q_cur, ggml_tensor * k_cur,
+                                            const llama_kv_cache_context * mctx, int il, float kq_scale, int rope_type) {
+    if (cparams.training || sinks) {
+        return k_cur;
+    }
+    return tq_kmean_graph(ctx, gf, res, q_cur, k_cur, mctx, il, kq_scale, rope_type != LLAMA_ROPE_TYPE_NORM);
+}
+
+// The patch's call before ggml_flash_attn_ext: K and V decoded to f32 for a CPU prefill over
+// a turbo cache (tq_ggml_decode_for_prefill in tq-ggml.h says when and why).
+static inline void tq_llama_prefill_decode(ggml_context * ctx, ggml_tensor ** k, ggml_tensor ** v, int64_t n_tokens) {
+    if (tq_ggml_decode_for_prefill(*k, *v, n_tokens)) {
+        *k = (*k)->type == GGML_TYPE_F32 ? *k : ggml_cast(ctx, *k, GGML_TYPE_F32);
+        *v = (*v)->type == GGML_TYPE_F32 ? *v : ggml_cast(ctx, *v, GGML_TYPE_F32);
+    }
 }
