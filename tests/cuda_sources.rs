@@ -120,8 +120,14 @@ fn patch_hooks_every_cuda_table() {
         ("ggml/src/ggml-cuda/fattn.cu", "TQ_GGML_CASES"),
         ("ggml/src/ggml-cuda/convert.cu", "TQ_CUDA_CONVERT_CASES"),
         ("ggml/src/ggml-cuda/getrows.cu", "TQ_CUDA_GET_ROWS_CASES"),
-        ("ggml/src/ggml-cuda/set-rows.cu", "tq_cuda_set_rows<src_t, idx_t>"),
-        ("ggml/src/ggml-cuda/cpy.cu", "tq_cuda_cpy(src0, src1, main_stream)"),
+        (
+            "ggml/src/ggml-cuda/set-rows.cu",
+            "tq_cuda_set_rows<src_t, idx_t>",
+        ),
+        (
+            "ggml/src/ggml-cuda/cpy.cu",
+            "tq_cuda_cpy(src0, src1, main_stream)",
+        ),
         (
             "ggml/src/ggml-cuda/ggml-cuda.cu",
             "TQ_CUDA_SET_ROWS_SUPPORTED",

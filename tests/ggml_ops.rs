@@ -40,6 +40,8 @@ const Q8_0: c_int = 8;
 const TURBO2: c_int = 96;
 const TURBO3: c_int = 97;
 const TURBO4: c_int = 98;
+const TURBO3_TCQ: c_int = 99;
+const TURBO2_TCQ: c_int = 100;
 
 fn check(f: impl FnOnce(*mut c_char, usize) -> c_int) {
     std::hint::black_box(turboquant_capi::link_anchor());
@@ -68,7 +70,7 @@ fn mul_mat_with_turbo_keys_equals_f32_of_decoded_keys() {
 
 #[test]
 fn flash_attn_turbo_pairs_equal_f32_reference_for_every_head_size_and_gqa() {
-    let turbo = [TURBO2, TURBO3, TURBO4];
+    let turbo = [TURBO2, TURBO3, TURBO4, TURBO3_TCQ, TURBO2_TCQ];
     for &k in &turbo {
         for &v in &turbo {
             for d in [64, 128, 256] {
@@ -87,6 +89,8 @@ fn flash_attn_decode_split_kv_equals_f32_reference() {
         (TURBO2, TURBO3),
         (Q8_0, TURBO3),
         (TURBO3, F16),
+        (TURBO3_TCQ, TURBO3_TCQ),
+        (TURBO4, TURBO2_TCQ),
     ] {
         for d in [64, 256] {
             check(|e, n| unsafe { tq_test_flash_attn(k, v, d, 8, 1, e, n) });
@@ -121,7 +125,12 @@ fn flash_attn_mixed_pairs_equal_f32_reference() {
 /// reference: holes in the mask, ALiBi, softcap, sinks, split-KV and plain decode.
 #[test]
 fn flash_attn_tiled_decode_equals_per_key_loop() {
-    for (k, v) in [(TURBO4, TURBO4), (TURBO3, TURBO3), (TURBO2, TURBO4)] {
+    for (k, v) in [
+        (TURBO4, TURBO4),
+        (TURBO3, TURBO3),
+        (TURBO2, TURBO4),
+        (TURBO3_TCQ, TURBO2_TCQ),
+    ] {
         for d in [64, 128] {
             for (n_q, softcap, sinks, max_bias) in [
                 (1, 0.0, 0, 0.0),

@@ -42,16 +42,16 @@ static __device__ void tq_cuda_quantize_turbo4(const float * x, tq_block_turbo4 
 
 // ggml-cuda.cu supports_op: exactly the cases above.
 #define TQ_CUDA_SET_ROWS_SUPPORTED(op)                                                          \
-    (TQ_GGML_IS_TURBO((op)->type) && (op)->src[0]->type == GGML_TYPE_F32 &&                     \
+    (TQ_GGML_IS_TURBO_SCALAR((op)->type) && (op)->src[0]->type == GGML_TYPE_F32 &&                     \
      ((op)->src[1]->type == GGML_TYPE_I64 || (op)->src[1]->type == GGML_TYPE_I32))
 #define TQ_CUDA_CPY_SUPPORTED(src0_type, src1_type)                                             \
-    ((TQ_GGML_IS_TURBO(src1_type) && (src0_type) == GGML_TYPE_F32) ||                           \
-     (TQ_GGML_IS_TURBO(src0_type) && (src1_type) == GGML_TYPE_F32))
+    ((TQ_GGML_IS_TURBO_SCALAR(src1_type) && (src0_type) == GGML_TYPE_F32) ||                           \
+     (TQ_GGML_IS_TURBO_SCALAR(src0_type) && (src1_type) == GGML_TYPE_F32))
 
 // ggml-cuda.cu MUL_MAT (flash attention off: KQ = K·Q against a turbo K cache). There is no
 // turbo kernel for mul_mat_vec_q / mul_mat_q, so ggml_cuda_mul_mat and the mmvq fusion check
 // send turbo operands to cuBLAS, which decodes them to f16 (or f32 under GGML_PREC_F32)
 // through the converters above. MUL_MAT_ID (expert weights) is not a KV-cache op: unclaimed.
-#define TQ_CUDA_MUL_MAT_VIA_CUBLAS(type) TQ_GGML_IS_TURBO(type)
+#define TQ_CUDA_MUL_MAT_VIA_CUBLAS(type) TQ_GGML_IS_TURBO_SCALAR(type)
 #define TQ_CUDA_MUL_MAT_SUPPORTED(op)                                                           \
     ((op)->op == GGML_OP_MUL_MAT && (op)->src[1]->type == GGML_TYPE_F32)

@@ -51,17 +51,17 @@ typedef struct {
 static inline tq_ggml_fa_t tq_ggml_fa_kernels(enum ggml_type k_type, enum ggml_type v_type) {
     tq_ggml_fa_t fa = { NULL, NULL };
     if (!tq_ggml_fa_tile()) return fa;
-    switch (tq_ggml_codec_type(k_type)) {
-        case TQ_TURBO2: fa.dot = tq_ggml_dot_rows_turbo2; break;
-        case TQ_TURBO3: fa.dot = tq_ggml_dot_rows_turbo3; break;
-        case TQ_TURBO4: fa.dot = tq_ggml_dot_rows_turbo4; break;
-        default:        return fa;
+    switch (k_type) {
+#define TQ_FA_DOT_CASE(name, STEM, bits, bytes, trellis) case GGML_TYPE_##STEM: fa.dot = tq_ggml_dot_rows_##name; break;
+        TQ_FOR_EACH_TYPE(TQ_FA_DOT_CASE)
+#undef TQ_FA_DOT_CASE
+        default: return fa;
     }
-    switch (tq_ggml_codec_type(v_type)) {
-        case TQ_TURBO2: fa.mad = tq_ggml_mad_rows_turbo2; break;
-        case TQ_TURBO3: fa.mad = tq_ggml_mad_rows_turbo3; break;
-        case TQ_TURBO4: fa.mad = tq_ggml_mad_rows_turbo4; break;
-        default:        fa.dot = NULL; break;
+    switch (v_type) {
+#define TQ_FA_MAD_CASE(name, STEM, bits, bytes, trellis) case GGML_TYPE_##STEM: fa.mad = tq_ggml_mad_rows_##name; break;
+        TQ_FOR_EACH_TYPE(TQ_FA_MAD_CASE)
+#undef TQ_FA_MAD_CASE
+        default: fa.dot = NULL; break;
     }
     return fa;
 }

@@ -20,63 +20,88 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Every type comes from TQ_FOR_EACH_TYPE (turboquant_types.h, generated from the codec's
+   type table): X(name, STEM, bits, block_bytes, trellis). */
+
 /* Entries for ggml.c's type_traits table. */
-#define TQ_GGML_TYPE_TRAIT(T, NAME)                                              \
-    [GGML_TYPE_TURBO##T] = {                                                     \
-        .type_name      = NAME,                                                  \
+#define TQ_GGML_TYPE_TRAIT(name, STEM, bits, bytes, trellis)                     \
+    [GGML_TYPE_##STEM] = {                                                       \
+        .type_name      = #name,                                                 \
         .blck_size      = TQ_BLOCK_VALUES,                                       \
-        .type_size      = sizeof(tq_block_turbo##T),                             \
+        .type_size      = sizeof(tq_block_##name),                               \
         .is_quantized   = true,                                                  \
-        .to_float       = (ggml_to_float_t) tq_ggml_dequantize_row_turbo##T,     \
-        .from_float_ref = (ggml_from_float_t) tq_ggml_quantize_row_turbo##T,     \
+        .to_float       = (ggml_to_float_t) tq_ggml_dequantize_row_##name,       \
+        .from_float_ref = (ggml_from_float_t) tq_ggml_quantize_row_##name,       \
     },
-#define TQ_GGML_TYPE_TRAITS                                                      \
-    TQ_GGML_TYPE_TRAIT(2, "turbo2")                                              \
-    TQ_GGML_TYPE_TRAIT(3, "turbo3")                                              \
-    TQ_GGML_TYPE_TRAIT(4, "turbo4")
+#define TQ_GGML_TYPE_TRAITS TQ_FOR_EACH_TYPE(TQ_GGML_TYPE_TRAIT)
 
 /* Entries for ggml-cpu.c's type_traits_cpu table: K.Q dots against the f32 query
    directly (vec_dot_type F32), so flash attention never rounds Q to q8_0. */
-#define TQ_GGML_CPU_TRAIT(T)                                                     \
-    [GGML_TYPE_TURBO##T] = {                                                     \
-        .from_float   = (ggml_from_float_t) tq_ggml_quantize_row_turbo##T,       \
-        .vec_dot      = (ggml_vec_dot_t) tq_ggml_vec_dot_turbo##T##_f32,         \
+#define TQ_GGML_CPU_TRAIT(name, STEM, bits, bytes, trellis)                      \
+    [GGML_TYPE_##STEM] = {                                                       \
+        .from_float   = (ggml_from_float_t) tq_ggml_quantize_row_##name,         \
+        .vec_dot      = (ggml_vec_dot_t) tq_ggml_vec_dot_##name##_f32,           \
         .vec_dot_type = GGML_TYPE_F32,                                           \
         .nrows        = 1,                                                       \
     },
-#define TQ_GGML_CPU_TYPE_TRAITS TQ_GGML_CPU_TRAIT(2) TQ_GGML_CPU_TRAIT(3) TQ_GGML_CPU_TRAIT(4)
+#define TQ_GGML_CPU_TYPE_TRAITS TQ_FOR_EACH_TYPE(TQ_GGML_CPU_TRAIT)
 
-/* `case` labels for ggml-cpu switches that list every quantized type. */
-#define TQ_GGML_CASES                                                            \
+/* `case` labels for ggml switches that list every quantized type (CPU and core). */
+#define TQ_GGML_CASE(name, STEM, bits, bytes, trellis) case GGML_TYPE_##STEM:
+#define TQ_GGML_CASES TQ_FOR_EACH_TYPE(TQ_GGML_CASE)
+
+/* Any of our types (96..100): what the CPU backend and llama's cache treat as turbo (the
+   seeded rotation, the K mean, K/Q balancing, the tiled decode). */
+#define TQ_GGML_IS_TURBO(t) \
+    ((int) (t) >= (int) GGML_TYPE_TURBO2 && (int) (t) <= (int) GGML_TYPE_TURBO2_TCQ)
+/* The trellis-coded ones. */
+#define TQ_GGML_IS_TCQ(t) ((int) (t) == (int) GGML_TYPE_TURBO3_TCQ || (int) (t) == (int) GGML_TYPE_TURBO2_TCQ)
+/* The scalar-codebook ones (turbo2..4): the CUDA port implements these only, so the CUDA
+   backend claims no op on a trellis type and ggml runs it on the CPU. */
+#define TQ_GGML_IS_TURBO_SCALAR(t) \
+    ((int) (t) >= (int) GGML_TYPE_TURBO2 && (int) (t) <= (int) GGML_TYPE_TURBO4)
+#define TQ_GGML_SCALAR_CASES                                                     \
     case GGML_TYPE_TURBO2:                                                       \
     case GGML_TYPE_TURBO3:                                                       \
     case GGML_TYPE_TURBO4:
 
-#define TQ_GGML_IS_TURBO(t) \
-    ((int) (t) >= (int) GGML_TYPE_TURBO2 && (int) (t) <= (int) GGML_TYPE_TURBO4)
-
-/* The turbo type called `name` (its type_name, "turbo2".."turbo4"), or GGML_TYPE_COUNT. */
+/* The turbo type called `name` (its type_name), or GGML_TYPE_COUNT. */
 static inline enum ggml_type tq_ggml_type_from_name(const char *name) {
-    const enum ggml_type types[] = { GGML_TYPE_TURBO2, GGML_TYPE_TURBO3, GGML_TYPE_TURBO4 };
+#define TQ_GGML_TYPE_ENUM(n, STEM, bits, bytes, trellis) GGML_TYPE_##STEM,
+    const enum ggml_type types[] = { TQ_FOR_EACH_TYPE(TQ_GGML_TYPE_ENUM) };
+#undef TQ_GGML_TYPE_ENUM
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); ++i) {
         if (strcmp(name, ggml_type_name(types[i])) == 0) return types[i];
     }
     return GGML_TYPE_COUNT;
 }
 
-/* The codec type (TQ_TURBO2..4) of a ggml type, or -1. */
+/* The codec type id of a ggml type (TQ_TURBO2..4, TQ_TURBO3_TCQ, TQ_TURBO2_TCQ), or -1. */
 static inline int tq_ggml_codec_type(int ggml_type) {
-    return TQ_GGML_IS_TURBO(ggml_type) ? ggml_type - (int) GGML_TYPE_TURBO2 + TQ_TURBO2 : -1;
+    switch (ggml_type) {
+        case GGML_TYPE_TURBO2:     return TQ_TURBO2;
+        case GGML_TYPE_TURBO3:     return TQ_TURBO3;
+        case GGML_TYPE_TURBO4:     return TQ_TURBO4;
+        case GGML_TYPE_TURBO3_TCQ: return TQ_TURBO3_TCQ;
+        case GGML_TYPE_TURBO2_TCQ: return TQ_TURBO2_TCQ;
+        default:                   return -1;
+    }
+}
+
+/* ggml_validate_row_data for our types: 1 if every block scale is finite and non-negative. */
+static inline int tq_ggml_validate(int ggml_type, const void *x, size_t nbytes) {
+    const int t = tq_ggml_codec_type(ggml_type);
+    return TQ_GGML_IS_TCQ(ggml_type) ? tq_tcq_validate_row(t, x, nbytes) : tq_ggml_validate_row(t, x, nbytes);
 }
 
 /* Flash-attention V accumulation, y += v * decode(x), or NULL for non-turbo types. */
 typedef void (*tq_ggml_mad_t)(const void *x, float *y, int64_t k, float v);
 static inline tq_ggml_mad_t tq_ggml_mad_fn(int ggml_type) {
-    switch (tq_ggml_codec_type(ggml_type)) {
-        case TQ_TURBO2: return tq_ggml_mad_turbo2;
-        case TQ_TURBO3: return tq_ggml_mad_turbo3;
-        case TQ_TURBO4: return tq_ggml_mad_turbo4;
-        default:        return NULL;
+    switch (ggml_type) {
+#define TQ_GGML_MAD_CASE(name, STEM, bits, bytes, trellis) case GGML_TYPE_##STEM: return tq_ggml_mad_##name;
+        TQ_FOR_EACH_TYPE(TQ_GGML_MAD_CASE)
+#undef TQ_GGML_MAD_CASE
+        default: return NULL;
     }
 }
 

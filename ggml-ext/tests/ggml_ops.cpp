@@ -76,19 +76,33 @@ std::vector<float> decode(const ggml_tensor * t) {
     return out;
 }
 
-const ggml_type TURBO[3] = { GGML_TYPE_TURBO2, GGML_TYPE_TURBO3, GGML_TYPE_TURBO4 };
+const ggml_type TURBO[5] = { GGML_TYPE_TURBO2, GGML_TYPE_TURBO3, GGML_TYPE_TURBO4, GGML_TYPE_TURBO3_TCQ, GGML_TYPE_TURBO2_TCQ };
+
+// The Rust codec's checked entry points for a ggml type: the trellis types have their own.
+int codec_quantize(ggml_type t, const float * x, void * out, int64_t n) {
+    const int ct = tq_ggml_codec_type(t);
+    return TQ_GGML_IS_TCQ(t) ? tq_tcq_quantize(ct, x, out, n) : tq_quantize(ct, x, out, n);
+}
+int codec_dequantize(ggml_type t, const void * x, float * y, int64_t n) {
+    const int ct = tq_ggml_codec_type(t);
+    return TQ_GGML_IS_TCQ(t) ? tq_tcq_dequantize(ct, x, y, n) : tq_dequantize(ct, x, y, n);
+}
+int64_t codec_block_bytes(ggml_type t) {
+    const int ct = tq_ggml_codec_type(t);
+    return TQ_GGML_IS_TCQ(t) ? tq_tcq_block_bytes(ct) : tq_block_bytes(ct);
+}
 
 } // namespace
 
 extern "C" int tq_test_type_traits(char * err_buf, size_t cap) {
     Err err{ err_buf, cap };
-    const char * names[3] = { "turbo2", "turbo3", "turbo4" };
-    for (int i = 0; i < 3; ++i) {
+    const char * names[5] = { "turbo2", "turbo3", "turbo4", "turbo3_tcq", "turbo2_tcq" };
+    for (int i = 0; i < 5; ++i) {
         const ggml_type t = TURBO[i];
-        const int ct = tq_ggml_codec_type(t);
         if (strcmp(ggml_type_name(t), names[i]) != 0) return err.fail("name %s != %s", ggml_type_name(t), names[i]);
-        if (ggml_blck_size(t) != tq_block_values(ct)) return err.fail("%s: block size %lld", names[i], (long long) ggml_blck_size(t));
-        if ((int64_t) ggml_type_size(t) != tq_block_bytes(ct)) return err.fail("%s: type size %zu", names[i], ggml_type_size(t));
+        if (tq_ggml_type_from_name(names[i]) != t) return err.fail("%s: tq_ggml_type_from_name", names[i]);
+        if (ggml_blck_size(t) != TQ_BLOCK_VALUES) return err.fail("%s: block size %lld", names[i], (long long) ggml_blck_size(t));
+        if ((int64_t) ggml_type_size(t) != codec_block_bytes(t)) return err.fail("%s: type size %zu", names[i], ggml_type_size(t));
         if (!ggml_is_quantized(t)) return err.fail("%s is not quantized", names[i]);
         if (ggml_get_type_traits_cpu(t)->vec_dot_type != GGML_TYPE_F32) return err.fail("%s: vec_dot_type", names[i]);
     }
@@ -121,10 +135,10 @@ extern "C" int tq_test_set_get_rows(char * err_buf, size_t cap) {
         compute(c.ctx, got);
         compute(c.ctx, all);
         for (int64_t r = 0; r < n_rows; ++r) {
-            if (tq_quantize(tq_ggml_codec_type(t), src_v.data() + r * D, want.data(), D) != 0) return err.fail("tq_quantize");
+            if (codec_quantize(t, src_v.data() + r * D, want.data(), D) != 0) return err.fail("codec quantize");
             const uint8_t * row = (const uint8_t *) cache->data + slots[r] * cache->nb[1];
             if (memcmp(row, want.data(), want.size()) != 0) return err.fail("%s: SET_ROWS bytes differ from tq_quantize (row %lld)", ggml_type_name(t), (long long) r);
-            tq_dequantize(tq_ggml_codec_type(t), want.data(), want_f.data(), D);
+            codec_dequantize(t, want.data(), want_f.data(), D);
             const float * g = (const float *) ((char *) got->data + r * got->nb[1]);
             const float * a = (const float *) ((char *) all->data + slots[r] * all->nb[1]);
             for (int64_t j = 0; j < D; ++j) {

@@ -12,9 +12,6 @@
 //! of 64); a trailing partial block is ignored rather than read out of bounds.
 #![allow(clippy::missing_safety_doc)]
 
-mod tcq_abi;
-pub use tcq_abi::*;
-
 use core::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -300,8 +297,11 @@ ggml_hooks!(
     tq_ggml_mad_turbo4
 );
 
+/// The flash-attention tile hooks of one type over a kernels module (`kernels` for the
+/// turbo types, `tcq::kernels` for the trellis ones), which has `dot_rows_raw` and
+/// `mad_rows_raw` with the same signatures.
 macro_rules! ggml_tile_hooks {
-    ($ty:expr, $dot_rows:ident, $mad_rows:ident) => {
+    ($k:ident, $ty:expr, $dot_rows:ident, $mad_rows:ident) => {
         /// Flash-attention key tile: `scores[r] = dot(decode(x + r * stride), q)`
         /// over `k` values, `r < nrows`.
         #[no_mangle]
@@ -316,7 +316,7 @@ macro_rules! ggml_tile_hooks {
             guard_void(|| {
                 let n = nrows.max(0) as usize;
                 let (x, nb) = (x as *const u8, nblocks(k));
-                kernels::dot_rows_raw(simd_level(), $ty, x, stride, n, q, nb, scores)
+                $k::dot_rows_raw(simd_level(), $ty, x, stride, n, q, nb, scores)
             })
         }
 
@@ -333,23 +333,26 @@ macro_rules! ggml_tile_hooks {
             guard_void(|| {
                 let n = nrows.max(0) as usize;
                 let (x, nb) = (x as *const u8, nblocks(k));
-                kernels::mad_rows_raw(simd_level(), $ty, x, stride, n, w, y, nb)
+                $k::mad_rows_raw(simd_level(), $ty, x, stride, n, w, y, nb)
             })
         }
     };
 }
 
 ggml_tile_hooks!(
+    kernels,
     TqType::Turbo2,
     tq_ggml_dot_rows_turbo2,
     tq_ggml_mad_rows_turbo2
 );
 ggml_tile_hooks!(
+    kernels,
     TqType::Turbo3,
     tq_ggml_dot_rows_turbo3,
     tq_ggml_mad_rows_turbo3
 );
 ggml_tile_hooks!(
+    kernels,
     TqType::Turbo4,
     tq_ggml_dot_rows_turbo4,
     tq_ggml_mad_rows_turbo4
@@ -495,6 +498,10 @@ tcq_hooks!(
     tq_ggml_vec_dot_turbo2_tcq_f32,
     tq_ggml_mad_turbo2_tcq
 );
+
+// The trellis types' checked functions and tile hooks (they use the macros above).
+mod tcq_abi;
+pub use tcq_abi::*;
 
 // -------------------------------------------------------- link anchor ---
 

@@ -21,32 +21,20 @@
 #![allow(clippy::missing_safety_doc)]
 
 use core::ffi::{c_int, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use turboquant_codec::block::scale_is_valid;
-use turboquant_codec::error::{TqError, TQ_ERR_PANIC, TQ_OK};
+use turboquant_codec::error::{TqError, TQ_OK};
 use turboquant_codec::kernels::simd_level;
 use turboquant_codec::tcq::{codec, kernels, TcqType};
 use turboquant_codec::QK;
+
+// The checks and panic guards are the turbo functions' own (lib.rs).
+use super::{blocks_of, guard, guard_void, nblocks, nonnull};
 
 /// Type id of turbo3_tcq in the checked `tq_tcq_*` functions.
 pub const TQ_TURBO3_TCQ: c_int = 13;
 /// Type id of turbo2_tcq in the checked `tq_tcq_*` functions.
 pub const TQ_TURBO2_TCQ: c_int = 12;
-
-#[inline(always)]
-fn guard(f: impl FnOnce() -> Result<c_int, TqError>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => e.code(),
-        Err(_) => TQ_ERR_PANIC,
-    }
-}
-
-#[inline(always)]
-fn guard_void(f: impl FnOnce()) {
-    let _ = catch_unwind(AssertUnwindSafe(f));
-}
 
 /// The trellis type of a C type id.
 pub fn tcq_type_of(t: c_int) -> Result<TcqType, TqError> {
@@ -54,31 +42,6 @@ pub fn tcq_type_of(t: c_int) -> Result<TcqType, TqError> {
         TQ_TURBO3_TCQ => Ok(TcqType::Turbo3Tcq),
         TQ_TURBO2_TCQ => Ok(TcqType::Turbo2Tcq),
         _ => Err(TqError::UnknownType),
-    }
-}
-
-fn blocks_of(n: i64) -> Result<usize, TqError> {
-    if n < 0 || n % QK as i64 != 0 {
-        Err(TqError::BadLength)
-    } else {
-        Ok((n / QK as i64) as usize)
-    }
-}
-
-fn nonnull<T>(p: *const T) -> Result<(), TqError> {
-    if p.is_null() {
-        Err(TqError::NullPointer)
-    } else {
-        Ok(())
-    }
-}
-
-#[inline(always)]
-fn nblocks(k: i64) -> usize {
-    if k <= 0 {
-        0
-    } else {
-        (k as u64 / QK as u64) as usize
     }
 }
 
@@ -192,51 +155,14 @@ pub unsafe extern "C" fn tq_tcq_validate_row(t: c_int, x: *const c_void, nbytes:
     (r == 1) as c_int
 }
 
-macro_rules! tcq_tile_hooks {
-    ($ty:expr, $dot_rows:ident, $mad_rows:ident) => {
-        /// Flash-attention key tile: `scores[r] = dot(decode(x + r * stride), q)`
-        /// over `k` values, `r < nrows`.
-        #[no_mangle]
-        pub unsafe extern "C" fn $dot_rows(
-            x: *const c_void,
-            stride: usize,
-            nrows: i64,
-            q: *const f32,
-            k: i64,
-            scores: *mut f32,
-        ) {
-            guard_void(|| {
-                let n = nrows.max(0) as usize;
-                let (x, nb) = (x as *const u8, nblocks(k));
-                kernels::dot_rows_raw(simd_level(), $ty, x, stride, n, q, nb, scores)
-            })
-        }
-
-        /// Flash-attention value tile: `y[0..k) += Σ_r w[r] * decode(x + r * stride)`.
-        #[no_mangle]
-        pub unsafe extern "C" fn $mad_rows(
-            x: *const c_void,
-            stride: usize,
-            nrows: i64,
-            w: *const f32,
-            y: *mut f32,
-            k: i64,
-        ) {
-            guard_void(|| {
-                let n = nrows.max(0) as usize;
-                let (x, nb) = (x as *const u8, nblocks(k));
-                kernels::mad_rows_raw(simd_level(), $ty, x, stride, n, w, y, nb)
-            })
-        }
-    };
-}
-
-tcq_tile_hooks!(
+ggml_tile_hooks!(
+    kernels,
     TcqType::Turbo3Tcq,
     tq_ggml_dot_rows_turbo3_tcq,
     tq_ggml_mad_rows_turbo3_tcq
 );
-tcq_tile_hooks!(
+ggml_tile_hooks!(
+    kernels,
     TcqType::Turbo2Tcq,
     tq_ggml_dot_rows_turbo2_tcq,
     tq_ggml_mad_rows_turbo2_tcq

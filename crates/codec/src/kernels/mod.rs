@@ -378,20 +378,22 @@ pub unsafe fn mad_rows_raw(
 
 // ------------------------------------------------------ safe row API ---
 
-fn check_rows(ty: TqType, nbytes: usize, nvals: usize) -> usize {
+/// Blocks per row of `nvals` values in `nbytes` bytes of `block_bytes`-byte blocks; panics
+/// on a mismatch (the safe row API of every block type).
+pub(crate) fn check_rows(block_bytes: usize, nbytes: usize, nvals: usize) -> usize {
     assert!(
         nvals % QK == 0,
         "row length {nvals} is not a multiple of {QK}"
     );
     let nb = nvals / QK;
     assert!(
-        nbytes == nb * ty.block_bytes(),
+        nbytes == nb * block_bytes,
         "encoded length {nbytes} does not match {nb} blocks"
     );
     nb
 }
 
-fn check_level(level: SimdLevel) {
+pub(crate) fn check_level(level: SimdLevel) {
     assert!(
         level.is_supported(),
         "SIMD level {level:?} is not supported by this CPU"
@@ -400,7 +402,7 @@ fn check_level(level: SimdLevel) {
 
 /// Encodes `x` (a multiple of 64 values) into `out` (`x.len()/64` blocks). Scalar.
 pub fn quantize_row(ty: TqType, x: &[f32], out: &mut [u8]) {
-    check_rows(ty, out.len(), x.len());
+    check_rows(ty.block_bytes(), out.len(), x.len());
     scalar::quantize_row(ty, x, out)
 }
 
@@ -408,51 +410,57 @@ pub fn quantize_row(ty: TqType, x: &[f32], out: &mut [u8]) {
 /// length mismatch).
 pub fn dequantize_row_at(level: SimdLevel, ty: TqType, x: &[u8], y: &mut [f32]) {
     check_level(level);
-    let nb = check_rows(ty, x.len(), y.len());
+    let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { dequantize_raw(level, ty, x.as_ptr(), y.as_mut_ptr(), nb) }
 }
 
 /// Decodes with the fastest level.
 pub fn dequantize_row(ty: TqType, x: &[u8], y: &mut [f32]) {
-    let nb = check_rows(ty, x.len(), y.len());
+    let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { dequantize_raw(simd_level(), ty, x.as_ptr(), y.as_mut_ptr(), nb) }
 }
 
 /// Dot product of encoded `x` with `y` at an explicit level.
 pub fn vec_dot_row_at(level: SimdLevel, ty: TqType, x: &[u8], y: &[f32]) -> f32 {
     check_level(level);
-    let nb = check_rows(ty, x.len(), y.len());
+    let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { vec_dot_raw(level, ty, x.as_ptr(), y.as_ptr(), nb) }
 }
 
 /// Dot product with the fastest level.
 pub fn vec_dot_row(ty: TqType, x: &[u8], y: &[f32]) -> f32 {
-    let nb = check_rows(ty, x.len(), y.len());
+    let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { vec_dot_raw(simd_level(), ty, x.as_ptr(), y.as_ptr(), nb) }
 }
 
 /// `y += v * decode(x)` at an explicit level.
 pub fn mad_row_at(level: SimdLevel, ty: TqType, x: &[u8], y: &mut [f32], v: f32) {
     check_level(level);
-    let nb = check_rows(ty, x.len(), y.len());
+    let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { mad_raw(level, ty, x.as_ptr(), y.as_mut_ptr(), nb, v) }
 }
 
 /// `y += v * decode(x)` with the fastest level.
 pub fn mad_row(ty: TqType, x: &[u8], y: &mut [f32], v: f32) {
-    let nb = check_rows(ty, x.len(), y.len());
+    let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { mad_raw(simd_level(), ty, x.as_ptr(), y.as_mut_ptr(), nb, v) }
 }
 
 /// Checks a tile of `nrows` rows of `nvals` values, `stride` bytes apart, in
 /// `nbytes` bytes; returns blocks per row.
-fn check_tile(ty: TqType, nbytes: usize, stride: usize, nrows: usize, nvals: usize) -> usize {
+pub(crate) fn check_tile(
+    block_bytes: usize,
+    nbytes: usize,
+    stride: usize,
+    nrows: usize,
+    nvals: usize,
+) -> usize {
     assert!(
         nvals.is_multiple_of(QK),
         "row length {nvals} is not a multiple of {QK}"
     );
     let nb = nvals / QK;
-    let row = nb * ty.block_bytes();
+    let row = nb * block_bytes;
     assert!(
         nrows <= 1 || stride >= row,
         "stride {stride} < row bytes {row}"
@@ -477,7 +485,7 @@ pub fn dot_rows_at(
     out: &mut [f32],
 ) {
     check_level(level);
-    let nb = check_tile(ty, x.len(), stride, out.len(), q.len());
+    let nb = check_tile(ty.block_bytes(), x.len(), stride, out.len(), q.len());
     unsafe {
         dot_rows_raw(
             level,
@@ -503,7 +511,7 @@ pub fn mad_rows_at(
     y: &mut [f32],
 ) {
     check_level(level);
-    let nb = check_tile(ty, x.len(), stride, w.len(), y.len());
+    let nb = check_tile(ty.block_bytes(), x.len(), stride, w.len(), y.len());
     unsafe {
         mad_rows_raw(
             level,

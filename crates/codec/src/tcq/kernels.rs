@@ -26,7 +26,7 @@
 use super::block::TcqType;
 use super::tables::{TCQ2_L, TCQ2_TABLE, TCQ3_L, TCQ3_TABLE};
 use crate::block::decode_scale;
-use crate::kernels::SimdLevel;
+use crate::kernels::{check_level, check_rows, check_tile, SimdLevel};
 use crate::QK;
 
 // The window extraction reads 8-bit states from 32-bit words (L <= k + 8 and
@@ -308,65 +308,25 @@ pub unsafe fn mad_rows_raw(
 
 // ------------------------------------------------------ safe row API ---
 
-fn check_rows(ty: TcqType, nbytes: usize, nvals: usize) -> usize {
-    assert!(
-        nvals.is_multiple_of(QK),
-        "row length {nvals} is not a multiple of {QK}"
-    );
-    let nb = nvals / QK;
-    assert!(
-        nbytes == nb * ty.block_bytes(),
-        "encoded length {nbytes} does not match {nb} blocks"
-    );
-    nb
-}
-
-fn check_level(level: SimdLevel) {
-    assert!(
-        level.is_supported(),
-        "SIMD level {level:?} is not supported by this CPU"
-    );
-}
-
-fn check_tile(ty: TcqType, nbytes: usize, stride: usize, nrows: usize, nvals: usize) -> usize {
-    assert!(
-        nvals.is_multiple_of(QK),
-        "row length {nvals} is not a multiple of {QK}"
-    );
-    let nb = nvals / QK;
-    let row = nb * ty.block_bytes();
-    assert!(
-        nrows <= 1 || stride >= row,
-        "stride {stride} < row bytes {row}"
-    );
-    let need = if nrows == 0 {
-        0
-    } else {
-        (nrows - 1) * stride + row
-    };
-    assert!(nbytes >= need, "tile needs {need} bytes, got {nbytes}");
-    nb
-}
-
 /// Decodes `x` into `y` at `level` (panics if unsupported or on a length
 /// mismatch).
 pub fn dequantize_row_at(level: SimdLevel, ty: TcqType, x: &[u8], y: &mut [f32]) {
     check_level(level);
-    let nb = check_rows(ty, x.len(), y.len());
+    let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { dequantize_raw(level, ty, x.as_ptr(), y.as_mut_ptr(), nb) }
 }
 
 /// `Σ decode(x) * q` at `level`.
 pub fn vec_dot_row_at(level: SimdLevel, ty: TcqType, x: &[u8], q: &[f32]) -> f32 {
     check_level(level);
-    let nb = check_rows(ty, x.len(), q.len());
+    let nb = check_rows(ty.block_bytes(), x.len(), q.len());
     unsafe { vec_dot_raw(level, ty, x.as_ptr(), q.as_ptr(), nb) }
 }
 
 /// `y += v * decode(x)` at `level`.
 pub fn mad_row_at(level: SimdLevel, ty: TcqType, x: &[u8], y: &mut [f32], v: f32) {
     check_level(level);
-    let nb = check_rows(ty, x.len(), y.len());
+    let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { mad_raw(level, ty, x.as_ptr(), y.as_mut_ptr(), nb, v) }
 }
 
@@ -381,7 +341,7 @@ pub fn dot_rows_at(
     out: &mut [f32],
 ) {
     check_level(level);
-    let nb = check_tile(ty, x.len(), stride, out.len(), q.len());
+    let nb = check_tile(ty.block_bytes(), x.len(), stride, out.len(), q.len());
     unsafe {
         dot_rows_raw(
             level,
@@ -407,7 +367,7 @@ pub fn mad_rows_at(
     y: &mut [f32],
 ) {
     check_level(level);
-    let nb = check_tile(ty, x.len(), stride, w.len(), y.len());
+    let nb = check_tile(ty.block_bytes(), x.len(), stride, w.len(), y.len());
     unsafe {
         mad_rows_raw(
             level,
