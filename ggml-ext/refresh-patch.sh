@@ -54,7 +54,7 @@ excl=(-x .git -x .turboquant-stamp -x '*.orig' -x '*.rej' -x '__pycache__')
 # to the tree (the web UI's tools/ui/dist) are not source.
 files=$(cd "$tmp" && { diff -rqN "${excl[@]}" a/ b/ || true; } |
         sed -nE 's|^Files a/(.*) and b/.* differ$|\1|p' | sort |
-        while read -r f; do [ -e "a/$f" ] && echo "$f"; done)
+        while read -r f; do if [ -e "a/$f" ]; then echo "$f"; fi; done)
 
 for f in $files; do layer_of "$f" >/dev/null; done
 
