@@ -207,3 +207,73 @@ fn restore_into_a_busy_cache_with_another_mean_is_refused_and_the_live_slot_is_u
     eprintln!("live slot continuation: {:?}", next.content);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The options that change what a turbo K cache stores, and so the saved format: a state
+/// saved with the defaults (mean and balancing on) is refused by a server started with
+/// `--tq-k-balance off` (its cache expects the mean-only tag) or `--tq-k-mean off` (no tag
+/// at all); each server logs what turned the option off. A value other than on/off, as an
+/// option or through the environment alias (TQ_K_MEAN, TQ_K_BALANCE), stops llama-server
+/// with a message naming it.
+#[test]
+fn restore_refuses_a_state_saved_with_other_k_mean_or_balance_options() {
+    let dir = slot_dir("options");
+    // -lv 4: llama's own info lines (the cache's choices) in the server log
+    let srv = slot_server(&dir, 1, &["-lv", "4"]);
+    let p = tokens(&srv, PROMPT_A);
+    complete(&srv, 0, &p, 8);
+    slot_ok(&srv, 0, "save", "default.bin");
+    let log = srv.stop();
+    assert!(
+        log.contains("turbo K mean removal: on (default;")
+            && log.contains("turbo K/Q channel balancing: on (default;"),
+        "defaults not logged:\n{log}"
+    );
+
+    for (option, log_off, log_says) in [
+        (
+            "--tq-k-balance",
+            "turbo K/Q channel balancing: off (turned off: option tq_k_balance)",
+            "does not match this cache's",
+        ),
+        (
+            "--tq-k-mean",
+            "turbo K mean removal: off (turned off: option tq_k_mean)",
+            "failed to",
+        ),
+    ] {
+        let mut srv = slot_server(&dir, 1, &[option, "off", "-lv", "4"]);
+        assert!(
+            srv.log_text().contains(log_off),
+            "{option} off: the log does not say {log_off:?}:\n{}",
+            srv.log_text()
+        );
+        refused(&mut srv, 0, &format!("{option} off"), "default.bin", log_says);
+        srv.stop();
+    }
+
+    for (args, env) in [
+        (&["--tq-k-mean", "maybe"][..], None),
+        (&[][..], Some(("TQ_K_BALANCE", "maybe"))),
+    ] {
+        let mut cmd = std::process::Command::new(support::bin("llama-server"));
+        cmd.arg("-m")
+            .arg(support::model())
+            .args(TURBO)
+            .args(args);
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("start llama-server");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{args:?} {env:?}: llama-server accepted it"
+        );
+        assert!(
+            err.contains("expected on or off") && err.contains("maybe"),
+            "{args:?} {env:?}: no clear error:\n{err}"
+        );
+        eprintln!("{args:?} {env:?}: refused at start-up");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
