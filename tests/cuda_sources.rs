@@ -114,10 +114,10 @@ fn patch_hooks_every_cuda_table() {
         ),
         (
             "ggml/src/ggml-cuda/fattn-vec.cuh",
-            "!TQ_GGML_IS_TURBO(type_K)",
+            "!TQ_GGML_IS_TURBO_SCALAR(type_K)",
         ),
         ("ggml/src/ggml-cuda/fattn.cu", "TQ_FATTN_VEC_CASES"),
-        ("ggml/src/ggml-cuda/fattn.cu", "TQ_GGML_CASES"),
+        ("ggml/src/ggml-cuda/fattn.cu", "TQ_GGML_SCALAR_CASES"),
         ("ggml/src/ggml-cuda/convert.cu", "TQ_CUDA_CONVERT_CASES"),
         ("ggml/src/ggml-cuda/getrows.cu", "TQ_CUDA_GET_ROWS_CASES"),
         (
