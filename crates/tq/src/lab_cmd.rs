@@ -407,7 +407,7 @@ pub fn kv_norms(o: Out) -> Result<(), String> {
 /// The K mean switch of distortion, niah and recommend.
 #[derive(Args, Clone)]
 pub struct KMeanOpt {
-    /// no K mean removal: turbo K caches store k itself (llama.cpp with TQ_K_MEAN=0, and
+    /// no K mean removal: turbo K caches store k itself (llama.cpp with --tq-k-mean off, and
     /// this lab before llama.cpp removed the K mean). Default, as llama.cpp does: a turbo K
     /// cache stores k - m, m per layer and KV head = the mean of the first min(512, n)
     /// captured keys (the first ubatch llama.cpp writes into an empty cache at its default
@@ -430,7 +430,7 @@ fn k_mean_json(on: bool) -> serde_json::Value {
         "rule": if on {
             format!("turbo K caches store k - m (llama.cpp's K mean removal, tq-kmean.h); m per layer and KV head = mean of the first min({}, n_tokens) captured keys (llama.cpp's first ubatch at its default -ub {}), 0 if that is under {} tokens; q8_0/q4_0/f16 K and V unchanged", lab::K_MEAN_TOKENS, lab::K_MEAN_TOKENS, lab::K_MEAN_MIN_TOKENS)
         } else {
-            "none (--no-k-mean: turbo K caches store k, as llama.cpp with TQ_K_MEAN=0)".to_string()
+            "none (--no-k-mean: turbo K caches store k, as llama.cpp with --tq-k-mean off)".to_string()
         },
     })
 }
