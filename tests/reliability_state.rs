@@ -247,7 +247,13 @@ fn restore_refuses_a_state_saved_with_other_k_mean_or_balance_options() {
             "{option} off: the log does not say {log_off:?}:\n{}",
             srv.log_text()
         );
-        refused(&mut srv, 0, &format!("{option} off"), "default.bin", log_says);
+        refused(
+            &mut srv,
+            0,
+            &format!("{option} off"),
+            "default.bin",
+            log_says,
+        );
         srv.stop();
     }
 
@@ -256,10 +262,7 @@ fn restore_refuses_a_state_saved_with_other_k_mean_or_balance_options() {
         (&[][..], Some(("TQ_K_BALANCE", "maybe"))),
     ] {
         let mut cmd = std::process::Command::new(support::bin("llama-server"));
-        cmd.arg("-m")
-            .arg(support::model())
-            .args(TURBO)
-            .args(args);
+        cmd.arg("-m").arg(support::model()).args(TURBO).args(args);
         if let Some((k, v)) = env {
             cmd.env(k, v);
         }
