@@ -10,9 +10,18 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub fn bin(name: &str) -> PathBuf {
-    // Cargo builds every binary of the package before the integration tests.
+    // Cargo builds this package's binaries (the llama-* tools) before its integration
+    // tests; `tq` belongs to crates/tq and is built because that crate has integration
+    // tests of its own, so a `cargo test --test X` that skips it finds no `tq`.
     let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join(name)
+    let path = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --release --workspace` (or the whole \
+         `cargo test --release`) first",
+        path.display()
+    );
+    path
 }
 
 /// The default model (SmolLM2-135M), fetched once through `tq fetch`.
