@@ -53,6 +53,8 @@ fn run(root: &std::path::Path) -> Result<(), String> {
     let pin = vendor::Pin::read(root)?;
     let web_ui = ui::provide(&src, pin.get("sha256")?)?;
     println!("cargo:rustc-env=TQ_WEB_UI_STATE={web_ui}");
+    // and to `tq` (crates/tq), which serves it: `links` metadata, DEP_LLAMA_WEB_UI_STATE there
+    println!("cargo:web_ui_state={web_ui}");
     let build_dir = cmake::build_dir(root);
     cmake::build(root, &src, &build_dir)?;
     cmake::emit_link_args(&build_dir)?;

@@ -4,14 +4,20 @@
 
 use std::process::Command;
 
-/// The newest `libturboquant_capi.a` next to this test executable.
+/// The newest staticlib of this crate next to this test executable: `deps/` holds it as
+/// `libturboquant_capi-<hash>.a` after any build, the profile directory as
+/// `libturboquant_capi.a` only after a build of this crate itself.
 fn staticlib() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
     [deps, deps.parent().unwrap()]
         .iter()
         .flat_map(|d| std::fs::read_dir(d).unwrap().flatten())
-        .filter(|e| e.file_name().to_string_lossy() == "libturboquant_capi.a")
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.ends_with(".a")
+                && (n == "libturboquant_capi.a" || n.starts_with("libturboquant_capi-"))
+        })
         .max_by_key(|e| e.metadata().unwrap().modified().unwrap())
         .expect("libturboquant_capi.a not found next to the test executable")
         .path()
