@@ -45,8 +45,15 @@ fn floats(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// The type ids the checked functions take: turbo2..4 and the trellis types.
 fn valid_type(t: c_int) -> bool {
-    (2..=4).contains(&t)
+    (2..=4).contains(&t) || t == TQ_TURBO2_TCQ || t == TQ_TURBO3_TCQ
+}
+
+/// Block bytes of a valid type id, from its bits (2 scale bytes + 64 x bits / 8).
+fn block_bytes_of(t: c_int) -> i64 {
+    let bits = if t > 4 { t - 10 } else { t };
+    2 + 8 * bits as i64
 }
 
 /// The code a checked (type, pointers..., n) function must return, or None when
@@ -324,7 +331,8 @@ fn rotation_matrix(null_out: bool, dim: i64) {
 fn codebook(t: c_int, null_out: bool, capacity: i64) {
     let mut cb = [f32::NAN; 17];
     let rc = unsafe { tq_codebook(t, mut_or_null(cb.as_mut_ptr(), null_out), capacity) };
-    let want = if !valid_type(t) {
+    // a trellis type has no codebook
+    let want = if !(2..=4).contains(&t) {
         UNKNOWN_TYPE
     } else if null_out {
         NULL
@@ -343,7 +351,7 @@ fn misc(t: c_int, code: i64) {
     let (v, b) = (tq_block_values(t), tq_block_bytes(t));
     if valid_type(t) {
         assert_eq!(v, 64);
-        assert_eq!(b, 2 + 8 * t as i64);
+        assert_eq!(b, block_bytes_of(t));
     } else {
         assert_eq!((v, b), (-1, -1));
     }
@@ -391,7 +399,7 @@ type DotHook =
     unsafe extern "C" fn(c_int, *mut f32, usize, *const c_void, usize, *const c_void, usize, c_int);
 type MadHook = unsafe extern "C" fn(*const c_void, *mut f32, i64, f32);
 
-/// The four ggml hooks of turbo type `t` (2, 3 or 4).
+/// The four ggml hooks of type id `t` (2, 3, 4 or a trellis id).
 struct Hooks {
     quantize: QuantizeHook,
     dequantize: DequantizeHook,
@@ -423,11 +431,23 @@ fn hooks(t: c_int) -> Hooks {
             tq_ggml_vec_dot_turbo3_f32,
             tq_ggml_mad_turbo3
         ),
-        _ => h!(
+        4 => h!(
             tq_ggml_quantize_row_turbo4,
             tq_ggml_dequantize_row_turbo4,
             tq_ggml_vec_dot_turbo4_f32,
             tq_ggml_mad_turbo4
+        ),
+        TQ_TURBO2_TCQ => h!(
+            tq_ggml_quantize_row_turbo2_tcq,
+            tq_ggml_dequantize_row_turbo2_tcq,
+            tq_ggml_vec_dot_turbo2_tcq_f32,
+            tq_ggml_mad_turbo2_tcq
+        ),
+        _ => h!(
+            tq_ggml_quantize_row_turbo3_tcq,
+            tq_ggml_dequantize_row_turbo3_tcq,
+            tq_ggml_vec_dot_turbo3_tcq_f32,
+            tq_ggml_mad_turbo3_tcq
         ),
     }
 }
@@ -435,7 +455,7 @@ fn hooks(t: c_int) -> Hooks {
 /// The unchecked hooks with k = whole blocks that fit + an arbitrary partial
 /// block (or k <= 0): they touch only whole blocks and match the checked calls.
 fn ggml_hooks(t: c_int, k: i64, payload: &[u8]) {
-    let t = 2 + t.rem_euclid(3);
+    let t = [2, 3, 4, TQ_TURBO2_TCQ, TQ_TURBO3_TCQ][t.rem_euclid(5) as usize];
     let bb = tq_block_bytes(t) as usize;
     let x = floats(payload);
     let nb_cap = x.len() / 64;

@@ -90,8 +90,7 @@ static inline int tq_ggml_codec_type(int ggml_type) {
 
 /* ggml_validate_row_data for our types: 1 if every block scale is finite and non-negative. */
 static inline int tq_ggml_validate(int ggml_type, const void *x, size_t nbytes) {
-    const int t = tq_ggml_codec_type(ggml_type);
-    return TQ_GGML_IS_TCQ(ggml_type) ? tq_tcq_validate_row(t, x, nbytes) : tq_ggml_validate_row(t, x, nbytes);
+    return tq_ggml_validate_row(tq_ggml_codec_type(ggml_type), x, nbytes);
 }
 
 /* Flash-attention V accumulation, y += v * decode(x), or NULL for non-turbo types. */

@@ -42,7 +42,12 @@
 extern "C" {
 #endif
 
-typedef enum tq_type { TQ_TURBO2 = 2, TQ_TURBO3 = 3, TQ_TURBO4 = 4 } tq_type;
+/* Type ids of the checked functions below: the scalar turbo types and the trellis-coded
+   ones (docs/TCQ.md), which every checked function takes except tq_codebook. */
+typedef enum tq_type {
+    TQ_TURBO2 = 2, TQ_TURBO3 = 3, TQ_TURBO4 = 4,
+    TQ_TURBO2_TCQ = 12, TQ_TURBO3_TCQ = 13
+} tq_type;
 
 /* Values per block (TQ_BLOCK_VALUES), bits and block bytes of every type. */
 #include "turboquant_types.h"
@@ -68,7 +73,11 @@ int64_t tq_block_values(int type);   /* values per block; -1 for an unknown type
 int64_t tq_block_bytes(int type);    /* bytes per block;  -1 for an unknown type */
 
 /* Encode/decode n values (n a multiple of tq_block_values) exactly as the GGML type
-   stores them. Return 0, or a negative error code: unknown type, bad length, null pointer. */
+   stores them. Return 0, or a negative error code, checked in this order: unknown type,
+   null pointer (even when n == 0), bad length (n < 0 or not a multiple of 64); nothing is
+   written on error. Inputs are sanitized (NaN -> 0, +-Inf -> +-65504). A trellis type is
+   encoded with a Viterbi scratch of the calling thread (about 72 KB, made on its first
+   call), giving the bytes of its ggml hook. */
 int tq_quantize(int type, const float *x, void *out, int64_t n);
 int tq_dequantize(int type, const void *in, float *y, int64_t n);
 
@@ -89,7 +98,8 @@ int tq_rotation_matrix(int64_t dim, uint64_t seed, float *out);
 int tq_rotate(int64_t dim, uint64_t seed, float *x, int64_t n);
 
 /* Codebook centroids (ascending, 2^bits of them) that type `type` decodes with.
-   capacity < 2^bits: TQ_ERR_BAD_LENGTH. Returns 0. */
+   capacity < 2^bits: TQ_ERR_BAD_LENGTH. Returns 0. A trellis type has no codebook (its
+   reconstruction table is in turboquant_tcq_tables.h): TQ_ERR_UNKNOWN_TYPE. */
 int tq_codebook(int type, float *out, int64_t capacity);
 
 /* A static, human-readable message for an error code. Never NULL. */
@@ -143,13 +153,13 @@ void tq_ggml_mad_rows_turbo4(const void *x, size_t stride, int64_t nrows, const 
 int tq_ggml_fa_tile(void);
 void tq_ggml_set_fa_tile(int on);
 
-/* --- trellis-coded types turbo3_tcq / turbo2_tcq (docs/TCQ.md; no GGML type yet) ---
+/* --- trellis-coded types turbo3_tcq / turbo2_tcq (docs/TCQ.md) ---
    64 values per block: u16 d (fp16 scale) + a circular string of 64*k trellis bits
    (k = 3 / 2, MSB-first). Value t decodes to fp16_to_f32(d) * TQ_TCQ<k>_TABLE[s_t],
    s_t the L-bit window of bits [k t + k - L, k t + k) mod 64 k (turboquant_tcq_tables.h).
    The encoder is a Viterbi search (bit-exact rule in docs/TCQ.md); it keeps one
-   64 KB scratch per thread, allocated on the thread's first call. Same ggml
-   signatures and conventions as the hooks above. */
+   scratch per thread and type (72 / 80 KB for k = 3 / 2), made on the thread's first
+   call. Same ggml signatures and conventions as the hooks above. */
 typedef struct { uint16_t d; uint8_t qs[TQ_TURBO3_TCQ_QS_BYTES]; } tq_block_turbo3_tcq;
 typedef struct { uint16_t d; uint8_t qs[TQ_TURBO2_TCQ_QS_BYTES]; } tq_block_turbo2_tcq;
 
@@ -179,25 +189,7 @@ void tq_ggml_mad_turbo2_tcq(const void *x, float *y, int64_t k, float v);
    with nbytes > 0. */
 int tq_ggml_validate_row(int type, const void *x, size_t nbytes);
 
-/* --- trellis-coded types: checked functions and flash-attention tiles (src/ffi_tcq.rs) ---
-   Type ids of the checked tq_tcq_* functions (the tq_type ids above are not accepted there). */
-#define TQ_TURBO3_TCQ 13
-#define TQ_TURBO2_TCQ 12
-
-int64_t tq_tcq_block_bytes(int type); /* 26 / 18; -1 for an unknown type */
-
-/* As tq_quantize / tq_dequantize / tq_vec_dot_f32 / tq_mad for the trellis types: 0, or
-   TQ_ERR_UNKNOWN_TYPE, TQ_ERR_NULL_POINTER (NULL is an error even when n == 0) or
-   TQ_ERR_BAD_LENGTH (n < 0 or not a multiple of 64), checked in that order; nothing is
-   written on error. quantize sanitizes NaN -> 0, +-Inf -> +-65504 and writes the bytes of
-   tq_ggml_quantize_row_*_tcq (per-thread 72 KB scratch, made on the thread's first call). */
-int tq_tcq_quantize(int type, const float *x, void *out, int64_t n);
-int tq_tcq_dequantize(int type, const void *in, float *y, int64_t n);
-int tq_tcq_vec_dot_f32(int type, const void *x, const float *y, int64_t n, float *out);
-int tq_tcq_mad(int type, const void *x, float *y, int64_t n, float v);
-
-/* ggml_validate_row_data for a trellis type (as tq_ggml_validate_row). */
-int tq_tcq_validate_row(int type, const void *x, size_t nbytes);
+/* --- trellis-coded types: flash-attention tiles (crates/capi/src/tcq_abi.rs) --- */
 
 /* Flash-attention decode tiles, same signatures and semantics as tq_ggml_dot_rows_turbo3 /
    tq_ggml_mad_rows_turbo3: dot_rows within 1e-5 * sum|terms| of the vec_dot hook,

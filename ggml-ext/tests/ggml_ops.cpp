@@ -78,18 +78,15 @@ std::vector<float> decode(const ggml_tensor * t) {
 
 const ggml_type TURBO[5] = { GGML_TYPE_TURBO2, GGML_TYPE_TURBO3, GGML_TYPE_TURBO4, GGML_TYPE_TURBO3_TCQ, GGML_TYPE_TURBO2_TCQ };
 
-// The Rust codec's checked entry points for a ggml type: the trellis types have their own.
+// The Rust codec's checked entry points for a ggml type.
 int codec_quantize(ggml_type t, const float * x, void * out, int64_t n) {
-    const int ct = tq_ggml_codec_type(t);
-    return TQ_GGML_IS_TCQ(t) ? tq_tcq_quantize(ct, x, out, n) : tq_quantize(ct, x, out, n);
+    return tq_quantize(tq_ggml_codec_type(t), x, out, n);
 }
 int codec_dequantize(ggml_type t, const void * x, float * y, int64_t n) {
-    const int ct = tq_ggml_codec_type(t);
-    return TQ_GGML_IS_TCQ(t) ? tq_tcq_dequantize(ct, x, y, n) : tq_dequantize(ct, x, y, n);
+    return tq_dequantize(tq_ggml_codec_type(t), x, y, n);
 }
 int64_t codec_block_bytes(ggml_type t) {
-    const int ct = tq_ggml_codec_type(t);
-    return TQ_GGML_IS_TCQ(t) ? tq_tcq_block_bytes(ct) : tq_block_bytes(ct);
+    return tq_block_bytes(tq_ggml_codec_type(t));
 }
 
 } // namespace

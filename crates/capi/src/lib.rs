@@ -20,6 +20,7 @@ use turboquant_codec::block::{scale_is_valid, TqType, QK};
 use turboquant_codec::error::{TqError, TQ_ERR_PANIC, TQ_OK};
 use turboquant_codec::kernels::{self, simd_level};
 use turboquant_codec::rotation;
+use turboquant_codec::tcq::{self, TcqType};
 
 #[inline(always)]
 fn guard(f: impl FnOnce() -> Result<c_int, TqError>) -> c_int {
@@ -35,8 +36,28 @@ fn guard_void(f: impl FnOnce()) {
     let _ = catch_unwind(AssertUnwindSafe(f));
 }
 
-fn ty_of(t: c_int) -> Result<TqType, TqError> {
+/// A C type id of the checked functions: a scalar turbo type (`tq_type`) or a trellis type
+/// (`TQ_TURBO3_TCQ`, `TQ_TURBO2_TCQ`). One dispatch point, so each checked function exists
+/// once for every type family.
+#[derive(Clone, Copy)]
+enum CType {
+    Turbo(TqType),
+    Tcq(TcqType),
+}
+
+fn ty_of(t: c_int) -> Result<CType, TqError> {
     TqType::from_i32(t)
+        .map(CType::Turbo)
+        .or_else(|_| tcq_abi::tcq_type_of(t).map(CType::Tcq))
+}
+
+impl CType {
+    fn block_bytes(self) -> usize {
+        match self {
+            CType::Turbo(t) => t.block_bytes(),
+            CType::Tcq(t) => t.block_bytes(),
+        }
+    }
 }
 
 fn blocks_of(n: i64) -> Result<usize, TqError> {
@@ -58,22 +79,23 @@ fn nonnull<T>(p: *const T) -> Result<(), TqError> {
 /// Values per block (64); -1 for an unknown type.
 #[no_mangle]
 pub extern "C" fn tq_block_values(t: c_int) -> i64 {
-    match TqType::from_i32(t) {
+    match ty_of(t) {
         Ok(_) => QK as i64,
         Err(_) => -1,
     }
 }
 
-/// Bytes per block (18/26/34); -1 for an unknown type.
+/// Bytes per block (18/26/34, trellis 26/18); -1 for an unknown type.
 #[no_mangle]
 pub extern "C" fn tq_block_bytes(t: c_int) -> i64 {
-    match TqType::from_i32(t) {
+    match ty_of(t) {
         Ok(ty) => ty.block_bytes() as i64,
         Err(_) => -1,
     }
 }
 
-/// Encodes `n` floats into `n / 64` blocks.
+/// Encodes `n` floats into `n / 64` blocks (a trellis type with the calling thread's
+/// Viterbi scratch, as its ggml hook).
 #[no_mangle]
 pub unsafe extern "C" fn tq_quantize(t: c_int, x: *const f32, out: *mut c_void, n: i64) -> c_int {
     guard(|| {
@@ -83,7 +105,10 @@ pub unsafe extern "C" fn tq_quantize(t: c_int, x: *const f32, out: *mut c_void, 
         let nb = blocks_of(n)?;
         let xs = core::slice::from_raw_parts(x, nb * QK);
         let os = core::slice::from_raw_parts_mut(out as *mut u8, nb * ty.block_bytes());
-        kernels::scalar::quantize_row(ty, xs, os);
+        match ty {
+            CType::Turbo(ty) => kernels::scalar::quantize_row(ty, xs, os),
+            CType::Tcq(ty) => tcq::codec::quantize_thread_scratch(ty, xs, os)?,
+        }
         Ok(TQ_OK)
     })
 }
@@ -96,7 +121,11 @@ pub unsafe extern "C" fn tq_dequantize(t: c_int, x: *const c_void, y: *mut f32, 
         nonnull(x)?;
         nonnull(y)?;
         let nb = blocks_of(n)?;
-        kernels::dequantize_raw(simd_level(), ty, x as *const u8, y, nb);
+        let x = x as *const u8;
+        match ty {
+            CType::Turbo(ty) => kernels::dequantize_raw(simd_level(), ty, x, y, nb),
+            CType::Tcq(ty) => tcq::kernels::dequantize_raw(simd_level(), ty, x, y, nb),
+        }
         Ok(TQ_OK)
     })
 }
@@ -116,7 +145,11 @@ pub unsafe extern "C" fn tq_vec_dot_f32(
         nonnull(y)?;
         nonnull(out)?;
         let nb = blocks_of(n)?;
-        *out = kernels::vec_dot_raw(simd_level(), ty, x as *const u8, y, nb);
+        let x = x as *const u8;
+        *out = match ty {
+            CType::Turbo(ty) => kernels::vec_dot_raw(simd_level(), ty, x, y, nb),
+            CType::Tcq(ty) => tcq::kernels::vec_dot_raw(simd_level(), ty, x, y, nb),
+        };
         Ok(TQ_OK)
     })
 }
@@ -129,7 +162,11 @@ pub unsafe extern "C" fn tq_mad(t: c_int, x: *const c_void, y: *mut f32, n: i64,
         nonnull(x)?;
         nonnull(y)?;
         let nb = blocks_of(n)?;
-        kernels::mad_raw(simd_level(), ty, x as *const u8, y, nb, v);
+        let x = x as *const u8;
+        match ty {
+            CType::Turbo(ty) => kernels::mad_raw(simd_level(), ty, x, y, nb, v),
+            CType::Tcq(ty) => tcq::kernels::mad_raw(simd_level(), ty, x, y, nb, v),
+        }
         Ok(TQ_OK)
     })
 }
@@ -171,11 +208,12 @@ pub unsafe extern "C" fn tq_rotate(dim: i64, seed: u64, x: *mut f32, n: i64) -> 
 }
 
 /// Copies the type's `2^bits` ascending centroids into `out`
-/// (`capacity >= 2^bits`, else `TQ_ERR_BAD_LENGTH`). Returns 0.
+/// (`capacity >= 2^bits`, else `TQ_ERR_BAD_LENGTH`). Returns 0. A trellis type has no
+/// codebook (its reconstruction table is in turboquant_tcq_tables.h): unknown type.
 #[no_mangle]
 pub unsafe extern "C" fn tq_codebook(t: c_int, out: *mut f32, capacity: i64) -> c_int {
     guard(|| {
-        let ty = ty_of(t)?;
+        let ty = TqType::from_i32(t)?;
         nonnull(out)?;
         let cb = ty.codebook();
         if capacity < cb.len() as i64 {

@@ -123,7 +123,7 @@ fn per_thread_scratch_gives_the_same_bytes() {
     }
 }
 
-// ------------------------------- crates/capi/src/tcq_abi.rs (checked + tiles) ---
+// ------------- the checked functions (crates/capi/src/lib.rs) with trellis ids, and the tiles ---
 
 use turboquant_codec::error::{TQ_ERR_BAD_LENGTH, TQ_ERR_NULL_POINTER, TQ_ERR_UNKNOWN_TYPE, TQ_OK};
 use turboquant_codec::tcq::kernels as tk;
@@ -139,7 +139,15 @@ fn id(ty: TcqType) -> i32 {
 fn checked_functions_match_the_codec() {
     for ty in TcqType::ALL {
         let t = id(ty);
-        assert_eq!(tq_tcq_block_bytes(t), ty.block_bytes() as i64);
+        assert_eq!(tq_block_bytes(t), ty.block_bytes() as i64);
+        assert_eq!(tq_block_values(t), 64);
+        // a trellis type has no codebook: refused before anything is written
+        let mut cb = [f32::NAN; 16];
+        assert_eq!(
+            unsafe { tq_codebook(t, cb.as_mut_ptr(), 16) },
+            TQ_ERR_UNKNOWN_TYPE
+        );
+        assert!(cb.iter().all(|v| v.is_nan()));
         let nb = 5;
         let mut x = gaussian_blocks(nb, 11);
         x[3] = f32::NAN;
@@ -153,7 +161,7 @@ fn checked_functions_match_the_codec() {
         let n = (nb * 64) as i64;
         unsafe {
             assert_eq!(
-                tq_tcq_quantize(t, x.as_ptr(), got.as_mut_ptr() as *mut c_void, n),
+                tq_quantize(t, x.as_ptr(), got.as_mut_ptr() as *mut c_void, n),
                 TQ_OK
             );
         }
@@ -161,7 +169,7 @@ fn checked_functions_match_the_codec() {
         let mut y = vec![0f32; nb * 64];
         unsafe {
             assert_eq!(
-                tq_tcq_dequantize(t, got.as_ptr() as *const c_void, y.as_mut_ptr(), n),
+                tq_dequantize(t, got.as_ptr() as *const c_void, y.as_mut_ptr(), n),
                 TQ_OK
             );
         }
@@ -172,7 +180,7 @@ fn checked_functions_match_the_codec() {
         let mut s = f32::NAN;
         unsafe {
             assert_eq!(
-                tq_tcq_vec_dot_f32(t, got.as_ptr() as *const c_void, q.as_ptr(), n, &mut s),
+                tq_vec_dot_f32(t, got.as_ptr() as *const c_void, q.as_ptr(), n, &mut s),
                 TQ_OK
             );
         }
@@ -180,7 +188,7 @@ fn checked_functions_match_the_codec() {
         let mut acc = q.clone();
         unsafe {
             assert_eq!(
-                tq_tcq_mad(t, got.as_ptr() as *const c_void, acc.as_mut_ptr(), n, -0.25),
+                tq_mad(t, got.as_ptr() as *const c_void, acc.as_mut_ptr(), n, -0.25),
                 TQ_OK
             );
         }
@@ -189,23 +197,19 @@ fn checked_functions_match_the_codec() {
         assert_eq!(acc, acc2);
         unsafe {
             assert_eq!(
-                tq_tcq_validate_row(t, got.as_ptr() as *const c_void, got.len()),
+                tq_ggml_validate_row(t, got.as_ptr() as *const c_void, got.len()),
                 1
             );
             assert_eq!(
-                tq_tcq_validate_row(t, got.as_ptr() as *const c_void, got.len() - 1),
+                tq_ggml_validate_row(t, got.as_ptr() as *const c_void, got.len() - 1),
                 0
             );
-            assert_eq!(tq_tcq_validate_row(t, core::ptr::null(), 0), 1);
-            assert_eq!(tq_tcq_validate_row(t, core::ptr::null(), got.len()), 0);
-            assert_eq!(
-                tq_tcq_validate_row(3, got.as_ptr() as *const c_void, got.len()),
-                0
-            );
+            assert_eq!(tq_ggml_validate_row(t, core::ptr::null(), 0), 1);
+            assert_eq!(tq_ggml_validate_row(t, core::ptr::null(), got.len()), 0);
             let mut bad = got.clone();
             bad[ty.block_bytes()..ty.block_bytes() + 2].copy_from_slice(&0x7e00u16.to_ne_bytes());
             assert_eq!(
-                tq_tcq_validate_row(t, bad.as_ptr() as *const c_void, bad.len()),
+                tq_ggml_validate_row(t, bad.as_ptr() as *const c_void, bad.len()),
                 0
             );
         }
@@ -224,54 +228,51 @@ fn checked_functions_report_errors_in_order_and_write_nothing() {
         let mut s = 7f32;
         unsafe {
             // the type first, even with NULL pointers and a bad length
-            for bad_t in [0, 2, 3, 4, 11, 14, -1] {
+            for bad_t in [0, 1, 5, 11, 14, -1] {
                 assert_eq!(
-                    tq_tcq_quantize(bad_t, null_f, core::ptr::null_mut(), -1),
+                    tq_quantize(bad_t, null_f, core::ptr::null_mut(), -1),
                     TQ_ERR_UNKNOWN_TYPE
                 );
-                assert_eq!(tq_tcq_block_bytes(bad_t), -1);
+                assert_eq!(tq_block_bytes(bad_t), -1);
             }
             // then pointers (NULL is an error even when n == 0)
-            assert_eq!(tq_tcq_quantize(t, null_f, o, 0), TQ_ERR_NULL_POINTER);
+            assert_eq!(tq_quantize(t, null_f, o, 0), TQ_ERR_NULL_POINTER);
             assert_eq!(
-                tq_tcq_quantize(t, x.as_ptr(), core::ptr::null_mut(), 64),
+                tq_quantize(t, x.as_ptr(), core::ptr::null_mut(), 64),
                 TQ_ERR_NULL_POINTER
             );
             assert_eq!(
-                tq_tcq_dequantize(t, core::ptr::null(), y.as_mut_ptr(), 64),
+                tq_dequantize(t, core::ptr::null(), y.as_mut_ptr(), 64),
                 TQ_ERR_NULL_POINTER
             );
             assert_eq!(
-                tq_tcq_dequantize(t, o, core::ptr::null_mut(), -5),
+                tq_dequantize(t, o, core::ptr::null_mut(), -5),
                 TQ_ERR_NULL_POINTER
             );
             assert_eq!(
-                tq_tcq_vec_dot_f32(t, o, x.as_ptr(), 64, core::ptr::null_mut()),
+                tq_vec_dot_f32(t, o, x.as_ptr(), 64, core::ptr::null_mut()),
                 TQ_ERR_NULL_POINTER
             );
             assert_eq!(
-                tq_tcq_vec_dot_f32(t, o, null_f, 64, &mut s),
+                tq_vec_dot_f32(t, o, null_f, 64, &mut s),
                 TQ_ERR_NULL_POINTER
             );
             assert_eq!(
-                tq_tcq_mad(t, core::ptr::null(), y.as_mut_ptr(), 64, 1.0),
+                tq_mad(t, core::ptr::null(), y.as_mut_ptr(), 64, 1.0),
                 TQ_ERR_NULL_POINTER
             );
             // then lengths: negative or not a multiple of 64
             for n in [-64i64, -1, 1, 63, 65, 100, 127] {
-                assert_eq!(tq_tcq_quantize(t, x.as_ptr(), o, n), TQ_ERR_BAD_LENGTH);
+                assert_eq!(tq_quantize(t, x.as_ptr(), o, n), TQ_ERR_BAD_LENGTH);
+                assert_eq!(tq_dequantize(t, o, y.as_mut_ptr(), n), TQ_ERR_BAD_LENGTH);
                 assert_eq!(
-                    tq_tcq_dequantize(t, o, y.as_mut_ptr(), n),
+                    tq_vec_dot_f32(t, o, x.as_ptr(), n, &mut s),
                     TQ_ERR_BAD_LENGTH
                 );
-                assert_eq!(
-                    tq_tcq_vec_dot_f32(t, o, x.as_ptr(), n, &mut s),
-                    TQ_ERR_BAD_LENGTH
-                );
-                assert_eq!(tq_tcq_mad(t, o, y.as_mut_ptr(), n, 1.0), TQ_ERR_BAD_LENGTH);
+                assert_eq!(tq_mad(t, o, y.as_mut_ptr(), n, 1.0), TQ_ERR_BAD_LENGTH);
             }
             // n == 0 with valid pointers is fine and writes nothing
-            assert_eq!(tq_tcq_quantize(t, x.as_ptr(), o, 0), TQ_OK);
+            assert_eq!(tq_quantize(t, x.as_ptr(), o, 0), TQ_OK);
         }
         assert!(out.iter().all(|&b| b == 0x5A));
         assert!(y.iter().all(|&v| v == 7.0));
@@ -422,6 +423,6 @@ fn header_defines_the_trellis_type_ids() {
         "/../../ggml-ext/include/turboquant.h"
     ))
     .unwrap();
-    assert!(h.contains(&format!("#define TQ_TURBO3_TCQ {TQ_TURBO3_TCQ}\n")));
-    assert!(h.contains(&format!("#define TQ_TURBO2_TCQ {TQ_TURBO2_TCQ}\n")));
+    assert!(h.contains(&format!("TQ_TURBO3_TCQ = {TQ_TURBO3_TCQ}")));
+    assert!(h.contains(&format!("TQ_TURBO2_TCQ = {TQ_TURBO2_TCQ}")));
 }
