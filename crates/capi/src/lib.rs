@@ -450,23 +450,13 @@ pub unsafe extern "C" fn tq_ggml_validate_row(t: c_int, x: *const c_void, nbytes
 // thread and type, made on a thread's first call and reused, so no call after the
 // first allocates.
 
-thread_local! {
-    static TCQ_SCRATCH: core::cell::RefCell<[Option<turboquant_codec::tcq::Scratch>; 2]> =
-        const { core::cell::RefCell::new([None, None]) };
-}
-
-fn tcq_quantize_raw(ty: turboquant_codec::tcq::TcqType, x: *const f32, y: *mut c_void, k: i64) {
-    use turboquant_codec::tcq::{codec, Scratch, TcqType};
+fn tcq_quantize_raw(ty: TcqType, x: *const f32, y: *mut c_void, k: i64) {
     let nb = nblocks(k);
     // SAFETY (caller): ggml passes k floats and room for k / 64 blocks.
     let xs = unsafe { core::slice::from_raw_parts(x, nb * QK) };
     let ys = unsafe { core::slice::from_raw_parts_mut(y as *mut u8, nb * ty.block_bytes()) };
-    let slot = (ty == TcqType::Turbo2Tcq) as usize;
-    TCQ_SCRATCH.with(|c| {
-        let mut c = c.borrow_mut();
-        let sc = c[slot].get_or_insert_with(|| Scratch::new(ty.l(), ty.k(), QK));
-        let _ = codec::quantize(ty, xs, ys, sc);
-    });
+    // the codec's per-thread scratch, shared with tq_quantize
+    let _ = tcq::codec::quantize_thread_scratch(ty, xs, ys);
 }
 
 macro_rules! tcq_hooks {
