@@ -100,7 +100,6 @@ tq_tcq_k_cpy_f32(const char * cx, char * cdst, const int64_t nblocks,
     if (b >= nblocks) {
         return;
     }
-    GGML_UNUSED(nb00);
     const int64_t i = b * TQ_BLOCK_VALUES;
     const int64_t i03 = i/(ne00 * ne01 * ne02);
     const int64_t i02 = (i - i03*ne00*ne01*ne02) / (ne00*ne01);
