@@ -127,12 +127,11 @@ impl Scratch {
             *c = e * e;
         }
         if let Some(o) = start {
-            let admitted = (o as usize) << k..(o as usize + 1) << k;
-            for (s, c) in costs[..ns].iter_mut().enumerate() {
-                if !admitted.contains(&s) {
-                    *c = f32::INFINITY;
-                }
-            }
+            // admitted: s >> k == o, one run of 2^k states
+            let lo = ((o as usize) << k).min(ns);
+            let hi = ((o as usize + 1) << k).min(ns);
+            costs[..lo].fill(f32::INFINITY);
+            costs[hi..ns].fill(f32::INFINITY);
         }
         #[cfg(target_arch = "x86_64")]
         {
@@ -245,8 +244,15 @@ fn first_min_of(c: &[f32]) -> usize {
             let mv = m
                 .iter()
                 .fold(f32::INFINITY, |a, &b| if b < a { b } else { a });
-            if let Some(i) = c.iter().position(|&v| v == mv) {
-                return i;
+            // eight at a time: a mask per chunk, the first set bit
+            for (ci, ch) in c.chunks_exact(8).enumerate() {
+                let mut mask = 0u32;
+                for (i, &v) in ch.iter().enumerate() {
+                    mask |= ((v == mv) as u32) << i;
+                }
+                if mask != 0 {
+                    return 8 * ci + mask.trailing_zeros() as usize;
+                }
             }
         }
     }
