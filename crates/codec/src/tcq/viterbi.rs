@@ -9,10 +9,14 @@
 //!
 //! The forward pass folds every step's path costs into group minima
 //! `m[j] = min_hi cost[hi * 2^(L-k) + j]` (the values the next step adds its
-//! branch metrics to) with a strict `<` over `hi = 0, 1, ..`, and records
-//! the state each minimum came from (the survivor). The traceback is then
-//! one load per step. Which predecessor a tie or a NaN leaves is fixed by
-//! that fold, so the path does not depend on which forward pass ran.
+//! branch metrics to) with a strict `<` over `hi = 0, 1, ..`. The AVX2
+//! passes also record the state each minimum came from (the survivor), so
+//! the traceback is one load per step. The portable pass stores every row
+//! of costs instead, and its traceback takes, per step, the lowest `hi`
+//! whose cost equals the stored minimum (a branch-free mask and a
+//! trailing-zero count; the `<` scan itself when no cost equals it, which
+//! only NaN inputs can cause). Both are the predecessor the fold kept, so
+//! the path does not depend on which forward pass ran.
 
 /// A bitshift trellis: `L` state bits, `k` bits per value, `2^L` values.
 #[derive(Clone, Copy, Debug)]
@@ -133,18 +137,24 @@ impl Scratch {
             costs[..lo].fill(f32::INFINITY);
             costs[hi..ns].fill(f32::INFINITY);
         }
+        // the AVX2 passes record survivors; the portable one stores every
+        // row of costs and the traceback finds each predecessor among them
+        // (cheaper without blends, and the same predecessor: see the module
+        // documentation)
         #[cfg(target_arch = "x86_64")]
-        {
-            if crate::kernels::simd_level() >= crate::kernels::SimdLevel::Avx2 {
-                // SAFETY: AVX2 was detected; the same exactly rounded IEEE
-                // operations as the portable build, so the same costs.
-                unsafe { forward_avx2(costs, mins, pred, table, u, k, stop) };
-            } else {
-                forward(costs, mins, pred, table, u, k);
-            }
-        }
+        let survivors = if crate::kernels::simd_level() >= crate::kernels::SimdLevel::Avx2 {
+            // SAFETY: AVX2 was detected; the same exactly rounded IEEE
+            // operations as the portable build, so the same costs.
+            unsafe { forward_avx2(costs, mins, pred, table, u, k, stop) }
+        } else {
+            forward(costs, mins, table, u, k);
+            false
+        };
         #[cfg(not(target_arch = "x86_64"))]
-        forward(costs, mins, pred, table, u, k);
+        let survivors = {
+            forward(costs, mins, table, u, k);
+            false
+        };
         let last = &costs[(n - 1) * ns..n * ns];
         let best = match end {
             // the admitted states (s mod 2^(L-k) == o), in ascending order
@@ -155,11 +165,19 @@ impl Scratch {
         };
         let states = &mut self.states[..n];
         states[n - 1] = best as u32;
-        // per step one load from the survivors: no search on the way back
-        let mut s = best as u32;
-        for t in (stop + 1..n).rev() {
-            s = pred[(t - 1) * g + (s >> k) as usize];
-            states[t - 1] = s;
+        if survivors {
+            // per step one load: no search on the way back
+            let mut s = best as u32;
+            for t in (stop + 1..n).rev() {
+                s = pred[(t - 1) * g + (s >> k) as usize];
+                states[t - 1] = s;
+            }
+        } else {
+            match k {
+                2 => traceback::<4>(costs, mins, states, stop, l, k, g),
+                3 => traceback::<8>(costs, mins, states, stop, l, k, g),
+                _ => traceback::<0>(costs, mins, states, stop, l, k, g),
+            }
         }
         last[best]
     }
@@ -259,34 +277,68 @@ fn first_min_of(c: &[f32]) -> usize {
     first_min(c.iter().copied().enumerate())
 }
 
-/// Steps `t = 1..n`: `costs[t]` from `costs[t - 1]` (rows of `2^L`), and
-/// `mins[t - 1]` / `pred[t - 1]` (rows of `2^(L-k)`) the group minima of
-/// `costs[t - 1]` and the states they came from.
+/// Fills `states[stop..n-1]` back from `states[n-1]`: per step the lowest `hi`
+/// whose cost equals the stored group minimum (a mask and a trailing-zero
+/// count: no data-dependent branch), or, if none does (NaN costs), the strict
+/// `<` scan. `NH` = `2^k` when known at compile time (else 0).
 #[inline(always)]
-fn forward(
-    costs: &mut [f32],
-    mins: &mut [f32],
-    pred: &mut [u32],
-    table: &[f32],
-    u: &[f32],
+fn traceback<const NH: usize>(
+    costs: &[f32],
+    mins: &[f32],
+    states: &mut [u32],
+    stop: usize,
+    l: u32,
     k: u32,
+    g: usize,
 ) {
+    let nh = if NH > 0 { NH } else { 1usize << k };
+    let ns = nh * g;
+    let n = states.len();
+    for t in (stop + 1..n).rev() {
+        let gi = (states[t] >> k) as usize;
+        // the costs of group gi's predecessors: prev[h * g]
+        let prev = &costs[(t - 1) * ns + gi..(t - 1) * ns + gi + (nh - 1) * g + 1];
+        let mv = mins[(t - 1) * g + gi];
+        let mut mask = 0u64;
+        if nh <= 64 {
+            for h in 0..nh {
+                mask |= ((prev[h * g] == mv) as u64) << h;
+            }
+        }
+        let hi = if mask != 0 {
+            mask.trailing_zeros() as usize
+        } else {
+            let mut hi = 0usize;
+            for h in 1..nh {
+                if prev[h * g] < prev[hi * g] {
+                    hi = h;
+                }
+            }
+            hi
+        };
+        states[t - 1] = ((hi << (l - k)) | gi) as u32;
+    }
+}
+
+/// Steps `t = 1..n`: `costs[t]` from `costs[t - 1]` (rows of `2^L`), and
+/// `mins[t - 1]` (rows of `2^(L-k)`) the group minima of `costs[t - 1]`.
+#[inline(always)]
+fn forward(costs: &mut [f32], mins: &mut [f32], table: &[f32], u: &[f32], k: u32) {
     let ns = table.len();
     let g = ns >> k;
     for (t, &ut) in u.iter().enumerate().skip(1) {
         let (done, rest) = costs.split_at_mut(t * ns);
         let (cur, nxt) = (&done[(t - 1) * ns..], &mut rest[..ns]);
         let m = &mut mins[(t - 1) * g..t * g];
-        let p = &mut pred[(t - 1) * g..t * g];
         match k {
-            1 => step::<2>(cur, nxt, m, p, table, ut),
-            2 => step::<4>(cur, nxt, m, p, table, ut),
-            3 => step::<8>(cur, nxt, m, p, table, ut),
-            4 => step::<16>(cur, nxt, m, p, table, ut),
-            5 => step::<32>(cur, nxt, m, p, table, ut),
-            6 => step::<64>(cur, nxt, m, p, table, ut),
-            7 => step::<128>(cur, nxt, m, p, table, ut),
-            _ => step::<256>(cur, nxt, m, p, table, ut),
+            1 => step::<2>(cur, nxt, m, table, ut),
+            2 => step::<4>(cur, nxt, m, table, ut),
+            3 => step::<8>(cur, nxt, m, table, ut),
+            4 => step::<16>(cur, nxt, m, table, ut),
+            5 => step::<32>(cur, nxt, m, table, ut),
+            6 => step::<64>(cur, nxt, m, table, ut),
+            7 => step::<128>(cur, nxt, m, table, ut),
+            _ => step::<256>(cur, nxt, m, table, ut),
         }
     }
 }
@@ -301,16 +353,23 @@ unsafe fn forward_avx2(
     u: &[f32],
     k: u32,
     from: usize,
-) {
+) -> bool {
     let ns = table.len();
     let g = ns >> k;
     match (k, g) {
-        (3, 32) => return forward_fused_avx2::<3, 4>(costs, mins, pred, table, u, from),
-        (2, 64) => return forward_fused_avx2::<2, 8>(costs, mins, pred, table, u, from),
+        (3, 32) => {
+            forward_fused_avx2::<3, 4>(costs, mins, pred, table, u, from);
+            return true;
+        }
+        (2, 64) => {
+            forward_fused_avx2::<2, 8>(costs, mins, pred, table, u, from);
+            return true;
+        }
         _ => {}
     }
     if !(k == 2 || k == 3) || !g.is_multiple_of(8) {
-        return forward(costs, mins, pred, table, u, k);
+        forward(costs, mins, table, u, k);
+        return false;
     }
     for (t, &ut) in u.iter().enumerate().skip(1) {
         let (done, rest) = costs.split_at_mut(t * ns);
@@ -318,6 +377,7 @@ unsafe fn forward_avx2(
         let (m, p) = (&mut mins[(t - 1) * g..t * g], &mut pred[(t - 1) * g..t * g]);
         step_avx2(cur, nxt, m, p, table, ut, k);
     }
+    true
 }
 
 /// Group minima and survivors of one row of costs in registers, the fold
@@ -586,58 +646,31 @@ unsafe fn step_avx2(
 }
 
 /// One trellis step with `NH = 2^k` predecessors per group:
-/// `m[j] = min_hi cur[hi * g + j]` (a strict `<` fold over `hi = 0, 1, ..`),
-/// `pred[j]` the state it came from, then
+/// `m[j] = min_hi cur[hi * g + j]`, then
 /// `nxt[j * NH + c] = m[j] + (u - table[j * NH + c])²`.
 #[inline(always)]
-fn step<const NH: usize>(
-    cur: &[f32],
-    nxt: &mut [f32],
-    m: &mut [f32],
-    pred: &mut [u32],
-    table: &[f32],
-    u: f32,
-) {
+fn step<const NH: usize>(cur: &[f32], nxt: &mut [f32], m: &mut [f32], table: &[f32], u: f32) {
     let g = m.len();
-    let sh = g.trailing_zeros();
-    debug_assert!(g.is_power_of_two());
     if g.is_multiple_of(8) {
         // fixed 8-wide tiles: no loop tails (masked moves are slow on some CPUs)
-        for (jb, (mt, pt)) in m
-            .chunks_exact_mut(8)
-            .zip(pred.chunks_exact_mut(8))
-            .enumerate()
-        {
+        for (jb, mt) in m.chunks_exact_mut(8).enumerate() {
             let mut mv: [f32; 8] = cur[8 * jb..8 * jb + 8].try_into().unwrap();
-            let mut hv = [0u32; 8];
             for hi in 1..NH {
                 let c: &[f32; 8] = cur[hi * g + 8 * jb..hi * g + 8 * jb + 8]
                     .try_into()
                     .unwrap();
                 for i in 0..8 {
-                    let lt = c[i] < mv[i];
-                    mv[i] = if lt { c[i] } else { mv[i] };
-                    hv[i] = if lt { hi as u32 } else { hv[i] };
+                    mv[i] = if c[i] < mv[i] { c[i] } else { mv[i] };
                 }
             }
             mt.copy_from_slice(&mv);
-            for (i, p) in pt.iter_mut().enumerate() {
-                *p = (hv[i] << sh) | (8 * jb + i) as u32;
-            }
         }
     } else {
         m.copy_from_slice(&cur[..g]);
-        for (j, p) in pred[..g].iter_mut().enumerate() {
-            *p = j as u32;
-        }
         for hi in 1..NH {
             let c = &cur[hi * g..(hi + 1) * g];
-            for ((mj, pj), (j, &cj)) in m.iter_mut().zip(pred.iter_mut()).zip(c.iter().enumerate())
-            {
-                if cj < *mj {
-                    *mj = cj;
-                    *pj = ((hi << sh) | j) as u32;
-                }
+            for (mj, &cj) in m.iter_mut().zip(c) {
+                *mj = if cj < *mj { cj } else { *mj };
             }
         }
     }
