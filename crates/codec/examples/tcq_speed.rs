@@ -45,15 +45,22 @@ const TYPES: [Ty; 4] = [
     Ty::Turbo(TqType::Turbo2),
 ];
 
-/// Best of `reps` calls of `f`, in ns per call.
-fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+/// Best of `reps` samples of `inner` calls of `f`, in ns per call.
+fn best_of(reps: usize, inner: usize, mut f: impl FnMut()) -> f64 {
     let mut b = f64::INFINITY;
     for _ in 0..reps {
         let t = Instant::now();
-        f();
-        b = b.min(t.elapsed().as_nanos() as f64);
+        for _ in 0..inner {
+            f();
+        }
+        b = b.min(t.elapsed().as_nanos() as f64 / inner as f64);
     }
     b
+}
+
+/// Best of `reps` single calls of `f`, in ns per call.
+fn best(reps: usize, f: impl FnMut()) -> f64 {
+    best_of(reps, 1, f)
 }
 
 fn main() {
@@ -106,21 +113,22 @@ fn main() {
             let stride = head / 64 * ty.bb();
             let mut o = vec![0f32; rows];
             let mut y = vec![0f32; head];
-            let reps = 200;
+            // a tile call is ~0.4 us: 16 calls per sample, past the clock's granularity
+            let (reps, inner) = (40, 16);
             let (d, m) = match ty {
                 Ty::Tcq(t) => (
-                    best(reps, || {
+                    best_of(reps, inner, || {
                         tk::dot_rows_at(level, t, black_box(&encoded[i]), stride, &q, &mut o)
                     }),
-                    best(reps, || {
+                    best_of(reps, inner, || {
                         tk::mad_rows_at(level, t, black_box(&encoded[i]), stride, &w, &mut y)
                     }),
                 ),
                 Ty::Turbo(t) => (
-                    best(reps, || {
+                    best_of(reps, inner, || {
                         kernels::dot_rows_at(level, t, black_box(&encoded[i]), stride, &q, &mut o)
                     }),
-                    best(reps, || {
+                    best_of(reps, inner, || {
                         kernels::mad_rows_at(level, t, black_box(&encoded[i]), stride, &w, &mut y)
                     }),
                 ),
