@@ -8,6 +8,7 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 #include "tq-ggml.h"
+#include "tq-ggml-rows.h"
 #include "tq-kmean.h"
 
 #include <algorithm>
