@@ -8,6 +8,7 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 #include "tq-ggml.h"
+#include "tq-ggml-rows.h"
 #include "tq-kmean.h"
 
 #include <algorithm>
@@ -121,7 +122,11 @@ extern "C" int tq_test_set_get_rows(char * err_buf, size_t cap) {
         ggml_tensor * idx = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I64, n_rows);
         const int64_t slots[n_rows] = { 3, 0, 9, 15, 4, 11, 7 };
         memcpy(idx->data, slots, sizeof(slots));
-        compute(c.ctx, ggml_set_rows(c.ctx, cache, src, idx));
+        ggml_tensor * set = ggml_set_rows(c.ctx, cache, src, idx);
+        // the write runs on both threads (upstream: one), each thread on its own rows
+        const char * rows_env = getenv("TQ_ROWS_THREADS");
+        if (!(rows_env && strcmp(rows_env, "0") == 0) && tq_ggml_rows_n_tasks(set, 2) != 2) return err.fail("%s: SET_ROWS not spread over threads", ggml_type_name(t));
+        compute(c.ctx, set);
 
         std::vector<uint8_t> want(ggml_row_size(t, D));
         std::vector<float> want_f(D);

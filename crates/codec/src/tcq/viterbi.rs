@@ -7,13 +7,16 @@
 //! lowest predecessor / final state), optionally with the tail-biting overlap
 //! fixed. Nothing allocates after [`Scratch::new`].
 //!
-//! The forward pass stores every step's path costs and every step's group
-//! minima `m[j] = min_hi cost[hi * 2^(L-k) + j]` (the values it adds the
-//! branch metrics to); the traceback takes, per step, the lowest `hi` whose
-//! cost equals the stored minimum (a branch-free mask and a trailing-zero
-//! count; the scan the forward pass would make if no cost equals it, which
-//! only NaN inputs can cause). That is the predecessor a strict `<` scan
-//! picks, so the path does not depend on which forward pass ran.
+//! The forward pass folds every step's path costs into group minima
+//! `m[j] = min_hi cost[hi * 2^(L-k) + j]` (the values the next step adds its
+//! branch metrics to) with a strict `<` over `hi = 0, 1, ..`. The AVX2
+//! passes also record the state each minimum came from (the survivor), so
+//! the traceback is one load per step. The portable pass stores every row
+//! of costs instead, and its traceback takes, per step, the lowest `hi`
+//! whose cost equals the stored minimum (a branch-free mask and a
+//! trailing-zero count; the `<` scan itself when no cost equals it, which
+//! only NaN inputs can cause). Both are the predecessor the fold kept, so
+//! the path does not depend on which forward pass ran.
 
 /// A bitshift trellis: `L` state bits, `k` bits per value, `2^L` values.
 #[derive(Clone, Copy, Debug)]
@@ -56,12 +59,17 @@ pub struct Scratch {
     l: u32,
     k: u32,
     max_len: usize,
-    /// Path costs of every state after every step, `max_len * 2^L`
-    /// (traceback recomputes each argmin from them: no back-pointers to
-    /// track in the forward pass).
+    /// Path costs of every state after every step, `max_len * 2^L` (the
+    /// portable forward pass fills every row; the fused AVX2 pass only the
+    /// first and the last, the only ones read after it).
     costs: Vec<f32>,
-    /// Group minima of every step's costs, `max_len * 2^(L-k)`.
+    /// Group minima of every step's costs, `max_len * 2^(L-k)` (what the
+    /// next step adds its branch metrics to).
     mins: Vec<f32>,
+    /// Survivors: `pred[t * 2^(L-k) + j]` is the state at step `t` that
+    /// group `j`'s successors at step `t + 1` extend (the state the group
+    /// minimum came from), `max_len * 2^(L-k)`.
+    pred: Vec<u32>,
     rot: Vec<f32>,
     /// The last path found (states), `max_len` entries.
     pub states: Vec<u32>,
@@ -78,6 +86,7 @@ impl Scratch {
             max_len,
             costs: vec![0.0; ns * max_len],
             mins: vec![0.0; g * max_len],
+            pred: vec![0; g * max_len],
             rot: vec![0.0; max_len],
             states: vec![0; max_len],
         }
@@ -115,53 +124,62 @@ impl Scratch {
         let table = &tr.table[..ns];
         let costs = &mut self.costs[..ns * n];
         let mins = &mut self.mins[..g * n];
+        let pred = &mut self.pred[..g * n];
         // t = 0: every state, or only those whose top L-k bits are the overlap.
-        for (s, (c, &v)) in costs[..ns].iter_mut().zip(table).enumerate() {
+        for (c, &v) in costs[..ns].iter_mut().zip(table) {
             let e = u[0] - v;
-            *c = match start {
-                Some(o) if (s >> k) as u32 != o => f32::INFINITY,
-                _ => e * e,
-            };
+            *c = e * e;
         }
+        if let Some(o) = start {
+            // admitted: s >> k == o, one run of 2^k states
+            let lo = ((o as usize) << k).min(ns);
+            let hi = ((o as usize + 1) << k).min(ns);
+            costs[..lo].fill(f32::INFINITY);
+            costs[hi..ns].fill(f32::INFINITY);
+        }
+        // the AVX2 passes record survivors; the portable one stores every
+        // row of costs and the traceback finds each predecessor among them
+        // (cheaper without blends, and the same predecessor: see the module
+        // documentation)
         #[cfg(target_arch = "x86_64")]
-        {
-            if crate::kernels::simd_level() >= crate::kernels::SimdLevel::Avx2 {
-                // SAFETY: AVX2 was detected; the same exactly rounded IEEE
-                // operations as the portable build, so the same costs.
-                unsafe { forward_avx2(costs, mins, table, u, k) };
-            } else {
-                forward(costs, mins, table, u, k);
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        forward(costs, mins, table, u, k);
-        let last = &costs[(n - 1) * ns..n * ns];
-        let mut best = u32::MAX;
-        let mut best_cost = f32::INFINITY;
-        let mut consider = |s: usize| {
-            let c = last[s];
-            if c < best_cost || best == u32::MAX {
-                best = s as u32;
-                best_cost = c;
-            }
+        let survivors = if crate::kernels::simd_level() >= crate::kernels::SimdLevel::Avx2 {
+            // SAFETY: AVX2 was detected; the same exactly rounded IEEE
+            // operations as the portable build, so the same costs.
+            unsafe { forward_avx2(costs, mins, pred, table, u, k, stop) }
+        } else {
+            forward(costs, mins, table, u, k);
+            false
         };
-        match end {
+        #[cfg(not(target_arch = "x86_64"))]
+        let survivors = {
+            forward(costs, mins, table, u, k);
+            false
+        };
+        let last = &costs[(n - 1) * ns..n * ns];
+        let best = match end {
             // the admitted states (s mod 2^(L-k) == o), in ascending order
             Some(o) => {
-                for h in 0..1usize << k {
-                    consider(h * g + o as usize);
-                }
+                first_min((0..1usize << k).map(|h| (h * g + o as usize, last[h * g + o as usize])))
             }
-            None => (0..ns).for_each(&mut consider),
-        }
+            None => first_min_of(last),
+        };
         let states = &mut self.states[..n];
-        states[n - 1] = best;
-        match k {
-            2 => traceback::<4>(costs, mins, states, stop, l, k, g),
-            3 => traceback::<8>(costs, mins, states, stop, l, k, g),
-            _ => traceback::<0>(costs, mins, states, stop, l, k, g),
+        states[n - 1] = best as u32;
+        if survivors {
+            // per step one load: no search on the way back
+            let mut s = best as u32;
+            for t in (stop + 1..n).rev() {
+                s = pred[(t - 1) * g + (s >> k) as usize];
+                states[t - 1] = s;
+            }
+        } else {
+            match k {
+                2 => traceback::<4>(costs, mins, states, stop, l, k, g),
+                3 => traceback::<8>(costs, mins, states, stop, l, k, g),
+                _ => traceback::<0>(costs, mins, states, stop, l, k, g),
+            }
         }
-        best_cost
+        last[best]
     }
 
     /// The encoder's search: a free pass over `u` rotated by `n / 2` crosses
@@ -208,6 +226,55 @@ impl Scratch {
         self.states[..n].copy_from_slice(&best);
         best_cost
     }
+}
+
+/// The first of `(index, cost)` in order under a strict `<` scan: the first
+/// candidate, replaced only by a strictly smaller cost (so a NaN first
+/// candidate stays, later NaNs are never taken).
+#[inline]
+fn first_min(cands: impl Iterator<Item = (usize, f32)>) -> usize {
+    let mut best = usize::MAX;
+    let mut best_cost = f32::INFINITY;
+    for (s, c) in cands {
+        if best == usize::MAX || c < best_cost {
+            best = s;
+            best_cost = c;
+        }
+    }
+    best
+}
+
+/// [`first_min`] over all of `c` (non-empty): the minimum by a vector fold,
+/// then the first index holding it, which is the strict `<` scan's answer
+/// when no cost is NaN; with a NaN anywhere, the scan itself.
+#[inline]
+fn first_min_of(c: &[f32]) -> usize {
+    if c.len().is_multiple_of(8) {
+        let mut m = [f32::INFINITY; 8];
+        let mut nan = false;
+        for ch in c.chunks_exact(8) {
+            for i in 0..8 {
+                nan |= ch[i].is_nan();
+                m[i] = if ch[i] < m[i] { ch[i] } else { m[i] };
+            }
+        }
+        if !nan {
+            let mv = m
+                .iter()
+                .fold(f32::INFINITY, |a, &b| if b < a { b } else { a });
+            // eight at a time: a mask per chunk, the first set bit
+            for (ci, ch) in c.chunks_exact(8).enumerate() {
+                let mut mask = 0u32;
+                for (i, &v) in ch.iter().enumerate() {
+                    mask |= ((v == mv) as u32) << i;
+                }
+                if mask != 0 {
+                    return 8 * ci + mask.trailing_zeros() as usize;
+                }
+            }
+        }
+    }
+    first_min(c.iter().copied().enumerate())
 }
 
 /// Fills `states[stop..n-1]` back from `states[n-1]`: per step the lowest `hi`
@@ -278,82 +345,256 @@ fn forward(costs: &mut [f32], mins: &mut [f32], table: &[f32], u: &[f32], k: u32
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn forward_avx2(costs: &mut [f32], mins: &mut [f32], table: &[f32], u: &[f32], k: u32) {
+unsafe fn forward_avx2(
+    costs: &mut [f32],
+    mins: &mut [f32],
+    pred: &mut [u32],
+    table: &[f32],
+    u: &[f32],
+    k: u32,
+    from: usize,
+) -> bool {
     let ns = table.len();
     let g = ns >> k;
     match (k, g) {
-        (3, 32) => return forward_fused_avx2::<3, 4>(costs, mins, table, u),
-        (2, 64) => return forward_fused_avx2::<2, 8>(costs, mins, table, u),
+        (3, 32) => {
+            forward_fused_avx2::<3, 4>(costs, mins, pred, table, u, from);
+            return true;
+        }
+        (2, 64) => {
+            forward_fused_avx2::<2, 8>(costs, mins, pred, table, u, from);
+            return true;
+        }
         _ => {}
     }
     if !(k == 2 || k == 3) || !g.is_multiple_of(8) {
-        return forward(costs, mins, table, u, k);
+        forward(costs, mins, table, u, k);
+        return false;
     }
     for (t, &ut) in u.iter().enumerate().skip(1) {
         let (done, rest) = costs.split_at_mut(t * ns);
         let (cur, nxt) = (&done[(t - 1) * ns..], &mut rest[..ns]);
-        step_avx2(cur, nxt, &mut mins[(t - 1) * g..t * g], table, ut, k);
+        let (m, p) = (&mut mins[(t - 1) * g..t * g], &mut pred[(t - 1) * g..t * g]);
+        step_avx2(cur, nxt, m, p, table, ut, k);
     }
+    true
 }
 
-/// The forward pass for k = 2 / 3 with `MG = 2^(L-k) / 8` group-minimum
-/// vectors kept in registers: each step writes its costs and folds them into
-/// the next step's group minima as it goes (cost vector `v` holds states
+/// Group minima and survivors of one row of costs in registers, the fold
+/// over `hi = 0, 1, ..` of [`step`]: `m = vminps(c, m)` (`c < m ? c : m`)
+/// and the survivor's `hi` taken exactly when `c < m`, so it is the state
+/// the minimum's bits came from.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn fold_avx2(
+    c: core::arch::x86_64::__m256,
+    m: &mut core::arch::x86_64::__m256,
+    p: &mut core::arch::x86_64::__m256,
+    hi_bits: core::arch::x86_64::__m256,
+) {
+    use core::arch::x86_64::*;
+    let lt = _mm256_cmp_ps::<_CMP_LT_OQ>(c, *m);
+    *m = _mm256_min_ps(c, *m);
+    *p = _mm256_blendv_ps(*p, hi_bits, lt);
+}
+
+/// `hi << sh` in every lane, as float bits (for the blend).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn hi_bits(hi: usize, sh: u32) -> core::arch::x86_64::__m256 {
+    use core::arch::x86_64::*;
+    _mm256_castsi256_ps(_mm256_set1_epi32((hi << sh) as i32))
+}
+
+/// Stores survivors: the `hi << sh` bits in `p` or-ed with the group
+/// numbers `j0..j0 + 8`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store_pred(dst: *mut u32, p: core::arch::x86_64::__m256, j0: usize) {
+    use core::arch::x86_64::*;
+    let lanes = _mm256_add_epi32(
+        _mm256_set1_epi32(j0 as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    );
+    let v = _mm256_or_si256(_mm256_castps_si256(p), lanes);
+    _mm256_storeu_si256(dst as *mut __m256i, v);
+}
+
+/// The forward pass for k = 2 / 3 at L = 8 (`MG = 2^(L-k) / 8` group
+/// vectors): each step computes its costs and folds them straight into its
+/// group minima and survivors in registers (cost vector `v` holds states
 /// `8v..8v+8`, whose groups are the lanes of minimum vector `v mod MG` and
-/// whose `hi` is `v / MG`, so the `vminps(c, m)` sequence per group runs
-/// over `hi = 0, 1, ..` exactly as [`step_avx2`]'s does: the same bits,
-/// without reading the costs back).
+/// whose `hi` is `v / MG`; per group the fold runs over `hi = 0, 1, ..`
+/// exactly as [`step`]'s does: the same bits). The costs are never stored
+/// or read back except the last row (the final-state choice). Survivors
+/// are recorded from row `from` on (the rows a traceback down to `from`
+/// reads; row 0's always).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn forward_fused_avx2<const K: u32, const MG: usize>(
     costs: &mut [f32],
     mins: &mut [f32],
+    pred: &mut [u32],
     table: &[f32],
     u: &[f32],
+    from: usize,
 ) {
     use core::arch::x86_64::*;
     let n = u.len();
     let g = 8 * MG;
     let ns = g << K;
+    let sh = g.trailing_zeros();
     assert!(table.len() == ns && costs.len() >= n * ns && mins.len() >= n * g);
-    // group minima of row 0
-    let (cp, mp, tp) = (costs.as_mut_ptr(), mins.as_mut_ptr(), table.as_ptr());
-    for a in 0..MG {
-        let mut mv = _mm256_loadu_ps(cp.add(8 * a));
-        for hi in 1..1usize << K {
-            mv = _mm256_min_ps(_mm256_loadu_ps(cp.add(hi * g + 8 * a)), mv);
+    assert!(pred.len() >= n * g);
+    let (cp, mp, pp) = (costs.as_mut_ptr(), mins.as_mut_ptr(), pred.as_mut_ptr());
+    // the table in the fold's lane order (a copy per search: the trainer
+    // changes the table between searches)
+    let mut ordered = [0f32; 256];
+    let tp = if K == 2 {
+        for v in 0..ns / 8 {
+            let t = _mm256_loadu_ps(table.as_ptr().add(8 * v));
+            _mm256_storeu_ps(ordered.as_mut_ptr().add(8 * v), permute(t, &K2_ORDER));
         }
-        _mm256_storeu_ps(mp.add(8 * a), mv);
+        ordered.as_ptr()
+    } else {
+        table.as_ptr()
+    };
+    if n > 1 {
+        // group minima and survivors of row 0
+        for a in 0..MG {
+            let mut mv = _mm256_loadu_ps(cp.add(8 * a));
+            let mut pv = _mm256_setzero_ps();
+            for hi in 1..1usize << K {
+                let c = _mm256_loadu_ps(cp.add(hi * g + 8 * a));
+                fold_avx2(c, &mut mv, &mut pv, hi_bits(hi, sh));
+            }
+            _mm256_storeu_ps(mp.add(8 * a), mv);
+            store_pred(pp.add(8 * a), pv, 8 * a);
+        }
     }
-    for (t, &ut) in u.iter().enumerate().skip(1) {
-        let uv = _mm256_set1_ps(ut);
-        let mprev = mp.add((t - 1) * g);
-        let np = cp.add(t * ns);
-        let mut acc = [_mm256_setzero_ps(); MG];
-        // v = hi * MG + a: the inner loop has a constant trip count, so the
-        // MG minima stay in registers
+    for t in 1..n.saturating_sub(1) {
+        let (mprev, ut) = (mp.add((t - 1) * g), *u.get_unchecked(t));
+        let (mnext, pnext) = (mp.add(t * g), pp.add(t * g));
+        if t >= from {
+            fused_step::<K, MG, true>(tp, mprev, ut, mnext, pnext);
+        } else {
+            fused_step::<K, MG, false>(tp, mprev, ut, mnext, pnext);
+        }
+    }
+    if n > 1 {
+        // the last step: its costs are the output, no minima needed
+        let t = n - 1;
+        for v in 0..ns / 8 {
+            let c = fused_cost::<K>(tp, mp.add((t - 1) * g), *u.get_unchecked(t), v);
+            _mm256_storeu_ps(cp.add(t * ns + 8 * v), natural::<K>(c));
+        }
+    }
+}
+
+/// At K = 2 a cost vector's 8 states have two predecessor groups. Lane `i`
+/// of cost vector `v` holds state `8v + K2_ORDER[i]`, whose group is
+/// `2v + (i & 1)`, so one 64-bit broadcast of `[m[2v], m[2v+1]]` (a plain
+/// load) gives every lane its minimum; the minima and survivors come out of
+/// the fold in the same order and are put back into natural order once per
+/// group vector (`K2_NATURAL`), not once per cost vector.
+#[cfg(target_arch = "x86_64")]
+const K2_ORDER: [i32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+/// The inverse of [`K2_ORDER`]: natural lane `q` is lane `K2_NATURAL[q]`.
+#[cfg(target_arch = "x86_64")]
+const K2_NATURAL: [i32; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+/// Lane `q` of the result = lane `idx[q]` of `v`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn permute(v: core::arch::x86_64::__m256, idx: &[i32; 8]) -> core::arch::x86_64::__m256 {
+    use core::arch::x86_64::*;
+    _mm256_permutevar8x32_ps(v, _mm256_loadu_si256(idx.as_ptr() as *const __m256i))
+}
+
+/// Natural order of a vector in the fold's lane order (K = 2; K = 3 is
+/// already natural).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn natural<const K: u32>(v: core::arch::x86_64::__m256) -> core::arch::x86_64::__m256 {
+    if K == 2 {
+        permute(v, &K2_NATURAL)
+    } else {
+        v
+    }
+}
+
+/// One step of [`forward_fused_avx2`] (not the last): the group minima of
+/// the step's costs into `mnext`, and with `DEC` their survivors into
+/// `pnext` (rows whose survivors no traceback reads skip them: two of the
+/// six vector operations per cost vector).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn fused_step<const K: u32, const MG: usize, const DEC: bool>(
+    tp: *const f32,
+    mprev: *const f32,
+    ut: f32,
+    mnext: *mut f32,
+    pnext: *mut u32,
+) {
+    use core::arch::x86_64::*;
+    let sh = (8 * MG).trailing_zeros();
+    // four group vectors at a time (minima and survivors in registers:
+    // 8 + 8 would not fit at k = 2); v = hi * MG + a, hi ascending
+    for a0 in (0..MG).step_by(4) {
+        let mut m = [_mm256_setzero_ps(); 4];
+        let mut p = [_mm256_setzero_ps(); 4];
         for hi in 0..1usize << K {
-            for (a, m) in acc.iter_mut().enumerate() {
-                let v = hi * MG + a;
-                let e = _mm256_sub_ps(uv, _mm256_loadu_ps(tp.add(8 * v)));
-                let mb = if K == 3 {
-                    _mm256_broadcast_ss(&*mprev.add(v))
+            let hb = hi_bits(hi, sh);
+            for j in 0..4 {
+                let c = fused_cost::<K>(tp, mprev, ut, hi * MG + a0 + j);
+                if hi == 0 {
+                    m[j] = c;
+                } else if DEC {
+                    fold_avx2(c, &mut m[j], &mut p[j], hb);
                 } else {
-                    // [m[2v], m[2v+1]] in every 64 bits, then [a a a a | b b b b]
-                    let pair = (mprev.add(2 * v) as *const f64).read_unaligned();
-                    let p = _mm256_castpd_ps(_mm256_set1_pd(pair));
-                    _mm256_permutevar_ps(p, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1))
-                };
-                let c = _mm256_add_ps(mb, _mm256_mul_ps(e, e));
-                _mm256_storeu_ps(np.add(8 * v), c);
-                *m = if hi == 0 { c } else { _mm256_min_ps(c, *m) };
+                    m[j] = _mm256_min_ps(c, m[j]);
+                }
             }
         }
-        let mnext = mp.add(t * g);
-        for (a, m) in acc.iter().enumerate() {
-            _mm256_storeu_ps(mnext.add(8 * a), *m);
+        for j in 0..4 {
+            let a = a0 + j;
+            _mm256_storeu_ps(mnext.add(8 * a), natural::<K>(m[j]));
+            if DEC {
+                // the survivors' hi bits, put in natural order, then the groups
+                store_pred(pnext.add(8 * a), natural::<K>(p[j]), 8 * a);
+            }
         }
     }
+}
+
+/// The costs of cost vector `v` at a step with value `ut` from the previous
+/// row's group minima `mprev` (natural order): `m + (u - T)²`, the portable
+/// step's operations. `tp` is the table in lane order: states `8v..8v+8`
+/// in order for K = 3, in [`K2_ORDER`] for K = 2.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn fused_cost<const K: u32>(
+    tp: *const f32,
+    mprev: *const f32,
+    ut: f32,
+    v: usize,
+) -> core::arch::x86_64::__m256 {
+    use core::arch::x86_64::*;
+    let e = _mm256_sub_ps(_mm256_set1_ps(ut), _mm256_loadu_ps(tp.add(8 * v)));
+    let mb = if K == 3 {
+        _mm256_broadcast_ss(&*mprev.add(v))
+    } else {
+        // [m[2v], m[2v+1]] repeated: lanes in the K = 2 order (`K2_ORDER`)
+        _mm256_castpd_ps(_mm256_broadcast_sd(&*(mprev.add(2 * v) as *const f64)))
+    };
+    _mm256_add_ps(mb, _mm256_mul_ps(e, e))
 }
 
 /// [`step`] for k = 2 / 3 with explicit 8-wide vectors: `vminps(c, m)` is
@@ -361,18 +602,31 @@ unsafe fn forward_fused_avx2<const K: u32, const MG: usize>(
 /// costs are bit-identical to the portable step.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn step_avx2(cur: &[f32], nxt: &mut [f32], m: &mut [f32], table: &[f32], u: f32, k: u32) {
+unsafe fn step_avx2(
+    cur: &[f32],
+    nxt: &mut [f32],
+    m: &mut [f32],
+    pred: &mut [u32],
+    table: &[f32],
+    u: f32,
+    k: u32,
+) {
     use core::arch::x86_64::*;
     let g = m.len();
     let nh = 1usize << k;
+    let sh = g.trailing_zeros();
     assert!(cur.len() >= nh * g && nxt.len() >= nh * g && table.len() >= nh * g);
-    let (cp, mp) = (cur.as_ptr(), m.as_mut_ptr());
+    assert!(pred.len() >= g && g.is_power_of_two());
+    let (cp, mp, pp) = (cur.as_ptr(), m.as_mut_ptr(), pred.as_mut_ptr());
     for jb in (0..g).step_by(8) {
         let mut mv = _mm256_loadu_ps(cp.add(jb));
+        let mut pv = _mm256_setzero_ps();
         for hi in 1..nh {
-            mv = _mm256_min_ps(_mm256_loadu_ps(cp.add(hi * g + jb)), mv);
+            let c = _mm256_loadu_ps(cp.add(hi * g + jb));
+            fold_avx2(c, &mut mv, &mut pv, hi_bits(hi, sh));
         }
         _mm256_storeu_ps(mp.add(jb), mv);
+        store_pred(pp.add(jb), pv, jb);
     }
     let uv = _mm256_set1_ps(u);
     let (tp, np) = (table.as_ptr(), nxt.as_mut_ptr());
