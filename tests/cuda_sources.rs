@@ -437,6 +437,13 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         let (code, s) = run(
             "scripts/gpu-bench.sh",
             &d,
+            &[model.clone(), ("WRONG_KERNEL", "gqa".into())],
+        );
+        assert_eq!(code, 1, "timing the wrong decode kernel must fail: {s}");
+        assert!(s.contains("TQ_CUDA_FA=vec (kernel logged: gqa)"), "{s}");
+        let (code, s) = run(
+            "scripts/gpu-bench.sh",
+            &d,
             &[model, ("RACY", "turbo3".into())],
         );
         assert_eq!(code, 1, "{s}");
