@@ -394,6 +394,10 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
             &[("WRONG_KERNEL", "vec".into())],
         );
         assert_eq!(code, 1, "a run on the wrong decode kernel must fail: {s}");
+        assert!(
+            s.contains("TQ_CUDA_FA=gqa: rc=0, 3 OK, 0 failed or unsupported, kernel logged: vec"),
+            "{s}"
+        );
         // past the soft time limit the vec kernel's memcheck is skipped, and says so
         let (code, s) = run(
             "scripts/gpu-check.sh",
@@ -404,10 +408,6 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         assert_eq!(s.matches("PASS compute-sanitizer").count(), 3, "{s}");
         assert!(
             s.contains("SKIP compute-sanitizer memcheck, TQ_CUDA_FA=vec: past -1 s"),
-            "{s}"
-        );
-        assert!(
-            s.contains("TQ_CUDA_FA=gqa: rc=0, 3 OK, 0 failed or unsupported, kernel logged: vec"),
             "{s}"
         );
         let (code, s) = run("scripts/gpu-check.sh", &d, &[("UNSUPPORTED", "1".into())]);
