@@ -17,7 +17,8 @@
 #      racing the stream (host writes between ubatches). f16 is the control: a turbo cache
 #      fails if its maximum KLD exceeds max(1e-5, 10 x f16's);
 #   2. test-backend-ops perf on the decode attention of one Llama-8B layer at depths 4096
-#      and 32768 (kernel us and GB/s, f16 / q8_0 / turbo), then llama-bench, flash attention on, f16 / q8_0 / turbo4 / turbo3 caches (K and V alike),
+#      and 32768 (kernel us and GB/s, f16 / q8_0 / turbo; the turbo pairs with both decode
+#      kernels, TQ_CUDA_FA=gqa and vec), then llama-bench, flash attention on, f16 / q8_0 / turbo4 / turbo3 caches (K and V alike),
 #      pp512 and tg128 at depths 0 and 32768, 3 repetitions, appended to bench.jsonl as it
 #      goes; then the table (summary.txt) with the issue's targets (tg128 at 32768 with
 #      turbo4 >= 1.0x f16 and >= 1.2x q8_0; pp512 >= 0.9x f16), reported, not enforced.
@@ -131,18 +132,26 @@ for kv in turbo4 turbo3; do
   fi
 done
 
-# 2. speed: the decode attention kernel alone (tq_make_perf_cases), then whole-model
-# llama-bench
-f=$tq_work/fa-perf.txt
-if tq_run "$tq_bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT \
-     -p 'hsk=128,hsv=128,nh=8,nr23=\[4,1\],kv=(4096|32768),nb=1,' > "$f" 2>&1; then
-  tq_log "FA decode kernel, Llama-8B layer (test-backend-ops perf):"
-  grep 'us/run' "$f" | sed -E 's/\x1b\[[0-9;]*m//g; s/.*kv=([0-9]+).*type_K=([a-z0-9_]+),type_V=([a-z0-9_]+).*\): *(.*)$/  kv=\1 K=\2 V=\3: \4/' \
-    | tee -a "$tq_out/summary.txt"
-else
-  tq_fail "test-backend-ops perf FLASH_ATTN_EXT: $(tail -2 "$f" | tr '\n' ' ')"
-fi
-tq_detail "$f" "test-backend-ops perf FLASH_ATTN_EXT"
+# 2. speed: the decode attention kernel alone (tq_make_perf_cases), with each decode kernel
+# for the turbo pairs (TQ_CUDA_FA=gqa, the default, then vec: f16 and q8_0 run upstream's
+# kernel either way, so only the first run times them), then whole-model llama-bench
+# (default kernel)
+for fa in gqa vec; do
+  f=$tq_work/fa-perf-$fa.txt
+  pat='hsk=128,hsv=128,nh=8,nr23=\[4,1\],kv=(4096|32768),nb=1,'
+  [ "$fa" = vec ] && pat="$pat.*type_K=turbo"
+  sel=
+  if TQ_CUDA_FA=$fa tq_run "$tq_bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT -p "$pat" > "$f" 2>&1 \
+     && sel=$(grep -m1 -o 'decode kernel for turbo K/V: [a-z]*' "$f" | awk '{print $NF}') \
+     && { [ "$sel" = "$fa" ] || [ "$tq_dry" = 1 ]; }; then
+    tq_log "FA decode kernel, Llama-8B layer (test-backend-ops perf), TQ_CUDA_FA=$fa:"
+    grep 'us/run' "$f" | sed -E 's/\x1b\[[0-9;]*m//g; s/.*kv=([0-9]+).*type_K=([a-z0-9_]+),type_V=([a-z0-9_]+).*\): *(.*)$/  '"$fa"' kv=\1 K=\2 V=\3: \4/' \
+      | tee -a "$tq_out/summary.txt"
+  else
+    tq_fail "test-backend-ops perf FLASH_ATTN_EXT, TQ_CUDA_FA=$fa (kernel logged: ${sel:-none}): $(tail -2 "$f" | tr '\n' ' ')"
+  fi
+  tq_detail "$f" "test-backend-ops perf FLASH_ATTN_EXT, TQ_CUDA_FA=$fa"
+done
 
 jsonl=$tq_out/bench.jsonl
 : > "$jsonl"

@@ -55,10 +55,11 @@ tq_gpu_name() {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 }
 
-# tq_run <cmd...>: runs it, or prints it in a dry run (status 0).
+# tq_run <cmd...>: runs it, or prints it in a dry run (status 0), with the decode kernel
+# selection (TQ_CUDA_FA) when the caller set one.
 tq_run() {
   if [ "$tq_dry" = 1 ]; then
-    echo "+ $*" >> "$tq_out/dry-run.txt"
+    echo "+ ${TQ_CUDA_FA:+TQ_CUDA_FA=$TQ_CUDA_FA }$*" >> "$tq_out/dry-run.txt"
     return 0
   fi
   "$@"

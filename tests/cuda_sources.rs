@@ -339,6 +339,106 @@ fn patch_hooks_every_cuda_table() {
     assert_eq!(n("dequantize_block_cuda"), 3);
 }
 
+/// The decode-kernel selector (TQ_CUDA_FA in tq-fattn.cuh): read in one place, once per
+/// process (a function-local static), both kernels handed out by the one lookup the patch
+/// hooks, an unknown value an abort naming it, and the GQA kernel instantiated for every
+/// pair and head size the vector kernel is.
+#[test]
+fn decode_kernel_selector() {
+    let fattn = read("ggml-ext/cuda/tq-fattn.cuh");
+    let gqa = read("ggml-ext/cuda/tq-fattn-gqa.cuh");
+    let cmake = read("ggml-ext/cmake/turboquant-cuda.cmake");
+    let all: String = [
+        "tq-fattn.cuh",
+        "tq-fattn-gqa.cuh",
+        "tq-fattn-gqa-decode.cuh",
+        "tq-cuda-ggml.cuh",
+        "tq-cuda.cuh",
+    ]
+    .iter()
+    .map(|f| read(&format!("ggml-ext/cuda/{f}")))
+    .collect();
+    assert_eq!(
+        all.matches("getenv(\"TQ_CUDA_FA\")").count(),
+        1,
+        "TQ_CUDA_FA is read in one place"
+    );
+    let sel = &fattn[fattn
+        .find("inline tq_cuda_fa_kernel tq_cuda_fa_selected()")
+        .expect("tq_cuda_fa_selected")..];
+    let sel = &sel[..sel.find("\n}\n").unwrap()];
+    assert!(sel.contains("static const tq_cuda_fa_kernel kernel = [")
+        && sel.contains("getenv(\"TQ_CUDA_FA\")")
+        && sel.contains("GGML_LOG_INFO(\"turboquant: CUDA flash-attention decode kernel for turbo K/V: %s"),
+        "read once (function-local static) and logged once, in the form the GPU scripts grep for:\n{sel}");
+    let parse = &fattn[fattn
+        .find("tq_cuda_fa_parse(const char * s)")
+        .expect("tq_cuda_fa_parse")..];
+    let parse = &parse[..parse.find("\n}\n").unwrap()];
+    for want in [
+        "strcmp(s, \"gqa\") == 0",
+        "strcmp(s, \"vec\") == 0",
+        "GGML_ABORT(\"turboquant: TQ_CUDA_FA=%s is not",
+    ] {
+        assert!(
+            parse.contains(want),
+            "tq_cuda_fa_parse lacks {want}:\n{parse}"
+        );
+    }
+    // The last statement is the abort: no value falls through to a kernel silently.
+    assert!(
+        parse.trim_end().ends_with(");") && parse.lines().last().unwrap().contains("GGML_ABORT"),
+        "{parse}"
+    );
+    let case = &fattn[fattn
+        .find("#define TQ_FATTN_VEC_CASE_D(D, K, V)")
+        .expect("TQ_FATTN_VEC_CASE_D")..];
+    let case = &case[..case.find("\n\n").unwrap()];
+    for want in [
+        "tq_cuda_fa_selected() == TQ_CUDA_FA_GQA",
+        "tq_fattn_gqa_case<D, GGML_TYPE_##K, GGML_TYPE_##V>",
+        "ggml_cuda_flash_attn_ext_vec_case<D, GGML_TYPE_##K, GGML_TYPE_##V>",
+    ] {
+        assert!(
+            case.contains(want),
+            "TQ_FATTN_VEC_CASE_D lacks {want}:\n{case}"
+        );
+    }
+    for d in ["64", "128", "256"] {
+        assert!(
+            fattn.contains(&format!(
+                "extern template void tq_fattn_gqa_case<{d:>3}, GGML_TYPE_##K, GGML_TYPE_##V>"
+            )),
+            "extern declaration of the GQA instances at head size {d}"
+        );
+    }
+    assert!(gqa.contains("#define TQ_DECL_FATTN_GQA_CASE(D, type_K, type_V)"));
+    // One generated GQA instance file per pair, inside the loop over TQ_CUDA_FA_PAIRS, with a
+    // case per compiled head size.
+    let lp = &cmake[cmake
+        .find("foreach (PAIR IN LISTS TQ_CUDA_FA_PAIRS)")
+        .expect("pair loop")..];
+    let lp = &lp[..lp.find("endforeach()\ntarget_sources").expect("loop end")];
+    for want in [
+        "fattn-gqa-instance-${PAIR}.cu",
+        "string(REPLACE \"DECL_FATTN_VEC_CASE\" \"TQ_DECL_FATTN_GQA_CASE\" CASES \"${CASES}\")",
+        "#include \\\"tq-fattn-gqa.cuh\\\"",
+        "list(APPEND TQ_CUDA_FA_SRCS \"${SRC}\")",
+    ] {
+        assert!(
+            lp.contains(want),
+            "turboquant-cuda.cmake pair loop lacks {want}:\n{lp}"
+        );
+    }
+    // The parity test runs the GQA kernel's row decode on the host (and on the device).
+    let parity = read("ggml-ext/cuda/tq-parity.cu");
+    assert!(
+        parity.contains("#include \"tq-fattn-gqa-decode.cuh\"")
+            && parity.contains("host_gqa_dequantize<bits>")
+            && parity.contains("gqa_dequantize_kernel<bits><<<")
+    );
+}
+
 // The GPU scripts (scripts/gpu-check.sh, scripts/gpu-bench.sh) run on a machine this test
 // never sees; their control flow, parsing and exit status are checked here against stand-in
 // tools (TQ_GPU_PREBUILT=1 skips the build and uses TQ_GPU_BUILD/bin).
@@ -395,7 +495,10 @@ for d in 0 32768; do for t in "512 0" "0 128"; do set -- $t
   echo "{\"type_k\": \"$kv\", \"type_v\": \"$kv\", \"n_prompt\": $1, \"n_gen\": $2, \"n_depth\": $d, \"avg_ts\": 100.0, \"stddev_ts\": 1.0}"
 done; done"#;
 
-    const BACKEND_OPS: &str = r#"if [ "$1" = perf ]; then
+    // Logs the decode kernel as the real one does (WRONG_KERNEL: a build that ignores
+    // TQ_CUDA_FA).
+    const BACKEND_OPS: &str = r#"echo "turboquant: CUDA flash-attention decode kernel for turbo K/V: ${WRONG_KERNEL:-${TQ_CUDA_FA:-gqa}} (TQ_CUDA_FA)" >&2
+if [ "$1" = perf ]; then
   echo "  FLASH_ATTN_EXT(hsk=128,hsv=128,nh=8,nr23=[4,1],kv=32768,nb=1,type_K=turbo4,type_V=turbo4): 100 runs - 12.00 us/run - 17000 kB/run - 1400.00 GB/s"
   exit 0; fi
 for i in 1 2 3 4; do echo "  FLASH_ATTN_EXT(hsk=128,type_K=turbo4,type_V=turbo4,case=$i): OK"; done
@@ -429,7 +532,37 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         stand_ins(&d);
         let (code, s) = run("scripts/gpu-check.sh", &d, &[]);
         assert_eq!(code, 0, "{s}");
+        assert_eq!(s.matches("PASS compute-sanitizer").count(), 4, "{s}");
+        for fa in ["gqa", "vec"] {
+            assert!(
+                s.contains(&format!(
+                    "FLASH_ATTN_EXT turbo, TQ_CUDA_FA={fa}: 3 cases OK"
+                )),
+                "{s}"
+            );
+        }
+        let (code, s) = run(
+            "scripts/gpu-check.sh",
+            &d,
+            &[("WRONG_KERNEL", "vec".into())],
+        );
+        assert_eq!(code, 1, "a run on the wrong decode kernel must fail: {s}");
+        assert!(
+            s.contains("TQ_CUDA_FA=gqa: rc=0, 3 OK, 0 failed or unsupported, kernel logged: vec"),
+            "{s}"
+        );
+        // past the soft time limit the vec kernel's memcheck is skipped, and says so
+        let (code, s) = run(
+            "scripts/gpu-check.sh",
+            &d,
+            &[("TQ_GPU_SOFT_LIMIT_S", "-1".into())],
+        );
+        assert_eq!(code, 0, "{s}");
         assert_eq!(s.matches("PASS compute-sanitizer").count(), 3, "{s}");
+        assert!(
+            s.contains("SKIP compute-sanitizer memcheck, TQ_CUDA_FA=vec: past -1 s"),
+            "{s}"
+        );
         let (code, s) = run("scripts/gpu-check.sh", &d, &[("UNSUPPORTED", "1".into())]);
         assert_eq!(code, 1, "a turbo case the backend declines must fail: {s}");
         let (code, s) = run(
@@ -458,7 +591,21 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
             s.contains("TARGET tg128 @ d32768 turbo4 / q8_0: 1.000x (target >= 1.2x): MISSED"),
             "{s}"
         );
-        assert!(s.contains("kv=32768 K=turbo4 V=turbo4: 100 runs"), "{s}");
+        assert!(
+            s.contains("gqa kv=32768 K=turbo4 V=turbo4: 100 runs"),
+            "{s}"
+        );
+        assert!(
+            s.contains("vec kv=32768 K=turbo4 V=turbo4: 100 runs"),
+            "{s}"
+        );
+        let (code, s) = run(
+            "scripts/gpu-bench.sh",
+            &d,
+            &[model.clone(), ("WRONG_KERNEL", "gqa".into())],
+        );
+        assert_eq!(code, 1, "timing the wrong decode kernel must fail: {s}");
+        assert!(s.contains("TQ_CUDA_FA=vec (kernel logged: gqa)"), "{s}");
         let (code, s) = run(
             "scripts/gpu-bench.sh",
             &d,
@@ -496,6 +643,28 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
             "--tool synccheck",
         ] {
             assert!(cmds.contains(want), "dry run lacks {want}:\n{cmds}");
+        }
+        // FLASH_ATTN_EXT correctness with both decode kernels
+        for fa in ["gqa", "vec"] {
+            assert!(
+                cmds.lines()
+                    .any(|l| l.starts_with(&format!("+ TQ_CUDA_FA={fa} "))
+                        && l.contains("test-backend-ops test -b CUDA0 -o")
+                        && l.contains("FLASH_ATTN_EXT -p turbo")),
+                "dry run lacks the FA cases with TQ_CUDA_FA={fa}:\n{cmds}"
+            );
+        }
+        for (fa, tool) in [
+            ("gqa", "memcheck"),
+            ("gqa", "synccheck"),
+            ("vec", "memcheck"),
+        ] {
+            assert!(
+                cmds.lines()
+                    .any(|l| l.starts_with(&format!("+ TQ_CUDA_FA={fa} "))
+                        && l.contains(&format!("compute-sanitizer --tool {tool} "))),
+                "dry run lacks {tool} with TQ_CUDA_FA={fa}:\n{cmds}"
+            );
         }
         let _ = std::fs::remove_dir_all(&d);
     }

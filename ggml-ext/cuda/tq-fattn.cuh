@@ -117,13 +117,26 @@ static __device__ __forceinline__ void tq_fattn_vec_prologue() {
     X(Q8_0,   TURBO2) X(Q8_0,   TURBO3) X(Q8_0,   TURBO4)                                       \
     X(F16,    TURBO2) X(F16,    TURBO3) X(F16,    TURBO4)
 
+// The GQA decode kernel (tq-fattn-gqa.cuh), instantiated per pair in its own generated files.
+template <int D, ggml_type type_K, ggml_type type_V>
+void tq_fattn_gqa_case(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
+
 #define TQ_FATTN_EXTERN_DECL_PAIR(K, V)                                                         \
+    extern DECL_FATTN_VEC_CASE( 64, GGML_TYPE_##K, GGML_TYPE_##V);                              \
+    extern DECL_FATTN_VEC_CASE(128, GGML_TYPE_##K, GGML_TYPE_##V);                              \
+    extern DECL_FATTN_VEC_CASE(256, GGML_TYPE_##K, GGML_TYPE_##V);                              \
+    extern template void tq_fattn_gqa_case< 64, GGML_TYPE_##K, GGML_TYPE_##V>(ggml_backend_cuda_context &, ggml_tensor *); \
+    extern template void tq_fattn_gqa_case<128, GGML_TYPE_##K, GGML_TYPE_##V>(ggml_backend_cuda_context &, ggml_tensor *); \
+    extern template void tq_fattn_gqa_case<256, GGML_TYPE_##K, GGML_TYPE_##V>(ggml_backend_cuda_context &, ggml_tensor *);
+
+// The trellis pairs have vector-kernel instances only (no GQA kernel for them yet).
+#define TQ_FATTN_EXTERN_DECL_VEC_PAIR(K, V)                                                     \
     extern DECL_FATTN_VEC_CASE( 64, GGML_TYPE_##K, GGML_TYPE_##V);                              \
     extern DECL_FATTN_VEC_CASE(128, GGML_TYPE_##K, GGML_TYPE_##V);                              \
     extern DECL_FATTN_VEC_CASE(256, GGML_TYPE_##K, GGML_TYPE_##V);
 
 // For the end of fattn-vec.cuh: the instances live in the generated files, not in fattn.cu.
-#define TQ_FATTN_EXTERN_DECL_CASES TQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_EXTERN_DECL_PAIR) TQ_TCQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_EXTERN_DECL_PAIR)
+#define TQ_FATTN_EXTERN_DECL_CASES TQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_EXTERN_DECL_PAIR) TQ_TCQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_EXTERN_DECL_VEC_PAIR)
 
 // Head sizes compiled (TQ_CUDA_FA_HEAD_SIZES in turboquant-cuda.cmake); for an instance left
 // out the lookup returns nothing and upstream converts K/V to f16 instead. `if constexpr`
@@ -138,7 +151,47 @@ static __device__ __forceinline__ void tq_fattn_vec_prologue() {
 #define TQ_CUDA_FA_D256 1
 #endif
 
+// Which decode kernel the turbo pairs get: TQ_CUDA_FA=gqa (default: tq-fattn-gqa.cuh, each
+// K/V row decoded once for all the Q heads sharing it) or TQ_CUDA_FA=vec (upstream's vector
+// kernel with the hooks above, one Q head per block), for A/B. Read once per process, at the
+// first lookup of a turbo pair, and logged once; any other value aborts, so a typo never
+// measures the wrong kernel.
+enum tq_cuda_fa_kernel { TQ_CUDA_FA_VEC, TQ_CUDA_FA_GQA };
+
+static inline tq_cuda_fa_kernel tq_cuda_fa_parse(const char * s) {
+    if (s == nullptr || *s == '\0' || strcmp(s, "gqa") == 0) {
+        return TQ_CUDA_FA_GQA;
+    }
+    if (strcmp(s, "vec") == 0) {
+        return TQ_CUDA_FA_VEC;
+    }
+    GGML_ABORT("turboquant: TQ_CUDA_FA=%s is not a flash-attention decode kernel (use gqa or vec)", s);
+}
+
+inline tq_cuda_fa_kernel tq_cuda_fa_selected() {
+    static const tq_cuda_fa_kernel kernel = [] {
+        const char * s = getenv("TQ_CUDA_FA");
+        const tq_cuda_fa_kernel k = tq_cuda_fa_parse(s);
+        GGML_LOG_INFO("turboquant: CUDA flash-attention decode kernel for turbo K/V: %s (%s)\n",
+                      k == TQ_CUDA_FA_GQA ? "gqa" : "vec", s && *s ? "TQ_CUDA_FA" : "default; TQ_CUDA_FA=vec|gqa");
+        return k;
+    }();
+    return kernel;
+}
+
 #define TQ_FATTN_VEC_CASE_D(D, K, V)                                                            \
+    if constexpr (TQ_CUDA_FA_D##D) {                                                            \
+        if (head_size == (D) &&                                                                 \
+            (type_K == GGML_TYPE_##K || (type_K == GGML_TYPE_F32 && GGML_TYPE_##K == GGML_TYPE_F16)) && \
+            (type_V == GGML_TYPE_##V || (type_V == GGML_TYPE_F32 && GGML_TYPE_##V == GGML_TYPE_F16))) { \
+            return tq_cuda_fa_selected() == TQ_CUDA_FA_GQA                                      \
+                ? tq_fattn_gqa_case<D, GGML_TYPE_##K, GGML_TYPE_##V>                            \
+                : ggml_cuda_flash_attn_ext_vec_case<D, GGML_TYPE_##K, GGML_TYPE_##V>;           \
+        }                                                                                       \
+    }
+#define TQ_FATTN_VEC_CASE(K, V) TQ_FATTN_VEC_CASE_D(64, K, V) TQ_FATTN_VEC_CASE_D(128, K, V) TQ_FATTN_VEC_CASE_D(256, K, V)
+// trellis pairs: upstream's vector kernel whatever TQ_CUDA_FA says
+#define TQ_FATTN_VEC_ONLY_CASE_D(D, K, V)                                                       \
     if constexpr (TQ_CUDA_FA_D##D) {                                                            \
         if (head_size == (D) &&                                                                 \
             (type_K == GGML_TYPE_##K || (type_K == GGML_TYPE_F32 && GGML_TYPE_##K == GGML_TYPE_F16)) && \
@@ -146,7 +199,7 @@ static __device__ __forceinline__ void tq_fattn_vec_prologue() {
             return ggml_cuda_flash_attn_ext_vec_case<D, GGML_TYPE_##K, GGML_TYPE_##V>;          \
         }                                                                                       \
     }
-#define TQ_FATTN_VEC_CASE(K, V) TQ_FATTN_VEC_CASE_D(64, K, V) TQ_FATTN_VEC_CASE_D(128, K, V) TQ_FATTN_VEC_CASE_D(256, K, V)
+#define TQ_FATTN_VEC_ONLY_CASE(K, V) TQ_FATTN_VEC_ONLY_CASE_D(64, K, V) TQ_FATTN_VEC_ONLY_CASE_D(128, K, V) TQ_FATTN_VEC_ONLY_CASE_D(256, K, V)
 
 // For ggml_cuda_get_fattn_vec_case in fattn.cu.
-#define TQ_FATTN_VEC_CASES TQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_VEC_CASE) TQ_TCQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_VEC_CASE)
+#define TQ_FATTN_VEC_CASES TQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_VEC_CASE) TQ_TCQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_VEC_ONLY_CASE)

@@ -19,6 +19,7 @@ static int64_t g_tcq_ties = 0;
 #define TQ_TCQ_ON_TIE(cost) (g_tcq_ties += (cost) != INFINITY)
 #endif
 #include "tq-cuda.cuh"
+#include "tq-fattn-gqa-decode.cuh"
 
 #include <cmath>
 #include <cstdio>
@@ -54,6 +55,50 @@ __global__ void dequantize_kernel(const char * in, float * y, int64_t nblocks) {
         y[ib * TQ_BLOCK_VALUES + iqs] = v.x;
         y[ib * TQ_BLOCK_VALUES + iqs + TQ_BLOCK_VALUES / 2] = v.y;
     }
+}
+
+// The GQA flash-attention kernel's row decode (tq-fattn-gqa-decode.cuh): thread i reads slot
+// i % 8 of block i / 8 with the shuffle codebook, as in the kernel; every lane of a warp runs
+// the lookup (the shuffle needs them all), only those with a block store.
+template <int bits>
+__global__ void gqa_dequantize_kernel(const char * in, float * y, int64_t nblocks) {
+    typedef typename tq_cuda_type<bits>::block block;
+    const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t b = i / TQ_GQA_SLOTS < nblocks ? i / TQ_GQA_SLOTS : nblocks - 1;
+    const int u = (int) (i % TQ_GQA_SLOTS);
+    const tq_gqa_codebook<bits> cb;
+    float scale, vals[TQ_GQA_SLOT_VALUES];
+    tq_gqa_load_turbo<bits>((const block *) in + b, u, cb, scale, vals);
+    if (i / TQ_GQA_SLOTS < nblocks) {
+        for (int e = 0; e < TQ_GQA_SLOT_VALUES; ++e) {
+            y[b * TQ_BLOCK_VALUES + tq_gqa_pos<bits>(u, e)] = tq_fmul(scale, vals[e]);
+        }
+    }
+}
+
+// The same on the host; also counts positions not written exactly once (the slots must
+// cover the block).
+template <int bits>
+static int64_t host_gqa_dequantize(const char * in, float * y, int64_t nblocks) {
+    typedef typename tq_cuda_type<bits>::block block;
+    const tq_gqa_codebook<bits> cb;
+    int64_t bad_cover = 0;
+    for (int64_t b = 0; b < nblocks; ++b) {
+        int seen[TQ_BLOCK_VALUES] = {0};
+        for (int u = 0; u < TQ_GQA_SLOTS; ++u) {
+            float scale, vals[TQ_GQA_SLOT_VALUES];
+            tq_gqa_load_turbo<bits>((const block *) in + b, u, cb, scale, vals);
+            for (int e = 0; e < TQ_GQA_SLOT_VALUES; ++e) {
+                const int j = tq_gqa_pos<bits>(u, e);
+                seen[j] += 1;
+                y[b * TQ_BLOCK_VALUES + j] = tq_fmul(scale, vals[e]);
+            }
+        }
+        for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+            bad_cover += seen[j] != 1;
+        }
+    }
+    return bad_cover;
 }
 
 // The block norm exactly as the encoder computes it (sequential sum of squares in double).
@@ -341,6 +386,34 @@ static int check_type(const std::vector<float> & x, bool device, int & failures)
             ++bad_values;
         }
     }
+    // The GQA kernel's decode path: same values, bit for bit, corrupt scales included.
+    std::vector<float> ygqa(n2, -1.0f);
+    int64_t bad_cover = 0;
+    if (device) {
+        char * de; float * dy2;
+        CHECK(cudaMalloc(&de, enc.size()));
+        CHECK(cudaMalloc(&dy2, n2 * sizeof(float)));
+        CHECK(cudaMemcpy(de, enc.data(), enc.size(), cudaMemcpyHostToDevice));
+        gqa_dequantize_kernel<bits><<<(nb2 * TQ_GQA_SLOTS + 255) / 256, 256>>>(de, dy2, nb2);
+        CHECK(cudaGetLastError());
+        CHECK(cudaMemcpy(ygqa.data(), dy2, n2 * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaFree(de); cudaFree(dy2);
+    } else {
+        bad_cover = host_gqa_dequantize<bits>(enc.data(), ygqa.data(), nb2);
+    }
+    int64_t bad_gqa = 0;
+    for (int64_t i = 0; i < n2; ++i) {
+        if (memcmp(&ycpu[i], &ygqa[i], sizeof(float)) != 0) {
+            if (bad_gqa < 5) {
+                fprintf(stderr, "%s turbo%d: GQA kernel decode of value %lld: rust %a cuda %a\n", device ? "device" : "host", bits, (long long) i, ycpu[i], ygqa[i]);
+            }
+            ++bad_gqa;
+        }
+    }
+    printf("%s turbo%d: GQA kernel row decode: %lld values, %lld differ, %lld positions not covered once\n",
+           device ? "device" : "host  ", bits, (long long) n2, (long long) bad_gqa, (long long) bad_cover);
+    failures += bad_gqa != 0 || bad_cover != 0;
+
     // The flash-attention kernels unpack 4 or 8 indices at a time (tq_cuda_indices): they must
     // agree with the one-at-a-time unpacking the decoder above was just checked with.
     int64_t bad_unpack = 0;
