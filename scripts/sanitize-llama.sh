@@ -45,6 +45,7 @@ cmake -S vendor/llama.cpp -B "$build" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Rel
   -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+  -DCMAKE_PROJECT_INCLUDE="$root/ggml-ext/cmake/sanitize-build.cmake" \
   -DTQ_EXT_DIR="$root/ggml-ext" -DTQ_RUST_LIB="$lib" >/dev/null
 start=$(date +%s)
 cmake --build "$build" -j "${NUM_JOBS:-2}" --target llama llama-server llama-perplexity >/dev/null
