@@ -28,8 +28,8 @@ if [ "${TQ_FUZZ_STATE_RELEASE:-0}" = 1 ]; then
   cargo build --release --lib -p turboquant -p turboquant-capi 2>&1 | grep -Ev '^\s+(Compiling|Blocking)' || true
   build=$root/target/llama.cpp-build
 else
-  # llama + ggml (and the tools) under ASan + UBSan, the build of scripts/sanitize-llama.sh
-  scripts/sanitize-llama.sh build
+  # llama + ggml under ASan + UBSan, the build of scripts/sanitize-llama.sh
+  scripts/sanitize-llama.sh build-lib
 fi
 lib=$root/target/release/libturboquant_capi.a
 [ -f "$lib" ] && [ -d vendor/llama.cpp ] || { echo "fuzz-state: cargo build --release failed" >&2; exit 1; }

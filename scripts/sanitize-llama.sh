@@ -2,8 +2,9 @@
 # Our llama.cpp changes (K mean / balancing, the state reader, the server's slot handling)
 # under AddressSanitizer + UndefinedBehaviorSanitizer.
 #
-#   scripts/sanitize-llama.sh build     build only (scripts/fuzz-state.sh calls this)
-#   scripts/sanitize-llama.sh [all]     build, then run the checks below
+#   scripts/sanitize-llama.sh [all]       build, then run the checks below
+#   scripts/sanitize-llama.sh build       build only
+#   scripts/sanitize-llama.sh build-lib   build libllama + ggml only (scripts/fuzz-state.sh)
 #
 # llama, common, ggml and upstream's own llama-server and llama-perplexity executables are
 # built with GCC's -fsanitize=address,undefined (llama.cpp's GGML_SANITIZE_* and
@@ -48,9 +49,11 @@ cmake -S vendor/llama.cpp -B "$build" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Rel
   -DCMAKE_PROJECT_INCLUDE="$root/ggml-ext/cmake/sanitize-build.cmake" \
   -DTQ_EXT_DIR="$root/ggml-ext" -DTQ_RUST_LIB="$lib" >/dev/null
 start=$(date +%s)
-cmake --build "$build" -j "${NUM_JOBS:-2}" --target llama llama-server llama-perplexity >/dev/null
-echo "sanitize-llama: build took $(( $(date +%s) - start )) s"
-[ "$what" = build ] && exit 0
+targets="llama llama-server llama-perplexity"
+[ "$what" = build-lib ] && targets=llama
+cmake --build "$build" -j "${NUM_JOBS:-2}" --target $targets >/dev/null
+echo "sanitize-llama: build of $targets took $(( $(date +%s) - start )) s"
+[ "$what" = build ] || [ "$what" = build-lib ] && exit 0
 
 bin=$build/bin
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
