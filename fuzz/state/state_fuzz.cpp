@@ -148,6 +148,7 @@ int main(int argc, char ** argv) {
     if (!getenv("STATE_FUZZ_VERBOSE")) {
         llama_log_set(quiet, nullptr);
     }
+    setvbuf(stdout, nullptr, _IOLBF, 0); // the replay lines land even if a finding aborts
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
@@ -219,7 +220,8 @@ int main(int argc, char ** argv) {
         if (r > 0) {
             ++accepted;
             const llama_pos p = llama_memory_seq_pos_max(g_mem, 0);
-            if (p >= 0 && p + 2 < (llama_pos) cp.n_ctx / 2 && !finite(decode(T, p + 1, 0))) {
+            // 64-bit: an accepted state can hold a cell at INT32_MAX - 1 or more
+            if (p >= 0 && (int64_t) p + 2 < (int64_t) cp.n_ctx / 2 && !finite(decode(T, p + 1, 0))) {
                 finding("accepted state gives non-finite logits");
             }
         } else {
