@@ -18,7 +18,8 @@
 #   3. tests/reliability_state.rs and tests/reliability_http.rs with TQ_LLAMA_BIN_DIR
 #      pointing here, so their llama-server is the sanitized one.
 # Any ASan or UBSan report aborts the process it is in (abort_on_error / halt_on_error), so
-# a report fails the run. TQ_SAN_STEPS picks steps (default "1 2 3").
+# a report fails the run. TQ_SAN_STEPS picks steps (default "1 2 3"). TQ_SAN_NO_CARGO=1
+# skips the release `cargo build` (when vendor/llama.cpp and the codec staticlib are there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
