@@ -63,8 +63,10 @@ fn npm_build(src: &Path, cache: &Path) -> Result<(), String> {
         Ok(o) if o.status.success() => {}
         _ => return Err("npm was not found".into()),
     }
-    let work = cache.join("work");
-    let tmp = cache.join("dist.tmp");
+    // per build process: two builds of the same sdist at once (two checkouts, or worktrees)
+    // must not delete each other's node_modules; the first finished rename wins
+    let work = cache.join(format!("work-{}", std::process::id()));
+    let tmp = cache.join(format!("dist.tmp-{}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
@@ -96,8 +98,14 @@ fn npm_build(src: &Path, cache: &Path) -> Result<(), String> {
             tmp.display()
         ));
     }
-    fs::rename(&tmp, cache.join("dist")).map_err(|e| format!("cannot keep the web UI: {e}"))?;
     let _ = fs::remove_dir_all(&work);
+    if let Err(e) = fs::rename(&tmp, cache.join("dist")) {
+        let _ = fs::remove_dir_all(&tmp);
+        // another build finished first: its assets are the same sdist's
+        if !cache.join("dist/index.html").exists() {
+            return Err(format!("cannot keep the web UI: {e}"));
+        }
+    }
     println!(
         "cargo:warning=turboquant: built llama-server's web UI with npm in {:.0} s (cached in {})",
         t.elapsed().as_secs_f64(),

@@ -8,8 +8,9 @@
 #     Also: the configure-time refusal of pre-Volta architectures, tested with cmake -P;
 #  4. ggml-ext/cuda/tq-parity.cu compiled and linked against libturboquant_capi.a, and run with
 #     --host: the CUDA codec source, built for the CPU, must reproduce the Rust codec's
-#     bytes and decoded values bit for bit. (On a GPU, scripts/gpu-check.sh runs it on the
-#     device too.)
+#     bytes and decoded values bit for bit (the trellis types too: tq-parity-tcq.cuh). (On a
+#     GPU, scripts/gpu-check.sh runs it on the device too.) Then the trellis encoder's PTX
+#     must show no f32 FMA and no local memory.
 # Linking all of ggml-cuda (~15 min on 2 cores) is left to `cargo build --features cuda`
 # and scripts/gpu-check.sh.
 set -euo pipefail
@@ -78,4 +79,20 @@ ccache "$root/bin/nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -Xcompiler -ff
   -I ggml-ext/include -I ggml-ext/cuda -c ggml-ext/cuda/tq-parity.cu -o "$bdir/tq-parity.o"
 "$root/bin/nvcc" -arch=sm_90 "$bdir/tq-parity.o" target/release/libturboquant_capi.a -lpthread -ldl -lm -o "$bdir/tq-parity"
 "$bdir/tq-parity" --host
+
+# The trellis encoder's device code (tq-tcq-encode.cuh, as the parity kernels instantiate it
+# under ggml's -use_fast_math) must hold no f32 FMA - a contracted a*b+c would change the
+# path costs' bits - and no local memory (its per-lane arrays stay in registers).
+"$root/bin/nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -I ggml-ext/include -I ggml-ext/cuda \
+  -ptx ggml-ext/cuda/tq-parity.cu -o "$bdir/tq-parity.ptx"
+for k in 2 3; do
+  entry="_Z19tcq_quantize_kernelILi${k}EEvPKfPcl"
+  body=$(awk -v e="$entry" 'index($0, ".entry " e "(") {on = 1} on {print} on && /^}/ {exit}' "$bdir/tq-parity.ptx")
+  [ -n "$body" ] || { echo "cuda-check: $entry not found in the parity PTX" >&2; exit 1; }
+  if grep -E 'fma[.a-z]*\.f32|(ld|st)\.local' <<< "$body" >&2; then
+    echo "cuda-check: the trellis encoder (k = $k) has f32 FMA or local memory in its PTX (above)" >&2
+    exit 1
+  fi
+done
+echo "cuda-check: trellis encoder PTX: no f32 FMA, no local memory"
 echo "cuda-check: done in $(( $(date +%s) - start )) s"

@@ -11,8 +11,12 @@ fn read(rel: &str) -> String {
 }
 
 const KV_TYPES: [&str; 5] = ["turbo2", "turbo3", "turbo4", "q8_0", "f16"];
+/// The trellis types' vector-kernel pairs: a trellis K with any of these V, or these K with
+/// a trellis V (docs/CUDA.md; pairs with a scalar turbo type convert to f16).
+const TCQ_KV_TYPES: [&str; 4] = ["turbo3_tcq", "turbo2_tcq", "q8_0", "f16"];
 
-/// Every ordered pair of the flash-attention K/V types with at least one turbo side.
+/// Every ordered pair of the flash-attention K/V types with at least one turbo side, and
+/// the trellis pairs.
 fn expected_pairs() -> BTreeSet<(String, String)> {
     let mut s = BTreeSet::new();
     for k in KV_TYPES {
@@ -22,15 +26,32 @@ fn expected_pairs() -> BTreeSet<(String, String)> {
             }
         }
     }
+    for k in TCQ_KV_TYPES {
+        for v in TCQ_KV_TYPES {
+            if k.ends_with("_tcq") || v.ends_with("_tcq") {
+                s.insert((k.to_string(), v.to_string()));
+            }
+        }
+    }
     s
 }
 
-/// `X(K, V)` entries of TQ_FATTN_FOR_EACH_PAIR in tq-fattn.cuh.
+/// `X(K, V)` entries of TQ_FATTN_FOR_EACH_PAIR in tq-fattn.cuh and
+/// TQ_TCQ_FATTN_FOR_EACH_PAIR in tq-tcq-fattn.cuh.
 fn header_pairs() -> BTreeSet<(String, String)> {
-    let src = read("ggml-ext/cuda/tq-fattn.cuh");
+    let mut all = macro_pairs("ggml-ext/cuda/tq-fattn.cuh", "TQ_FATTN_FOR_EACH_PAIR");
+    all.extend(macro_pairs(
+        "ggml-ext/cuda/tq-tcq-fattn.cuh",
+        "TQ_TCQ_FATTN_FOR_EACH_PAIR",
+    ));
+    all
+}
+
+fn macro_pairs(file: &str, name: &str) -> BTreeSet<(String, String)> {
+    let src = read(file);
     let start = src
-        .find("#define TQ_FATTN_FOR_EACH_PAIR(X)")
-        .expect("TQ_FATTN_FOR_EACH_PAIR");
+        .find(&format!("#define {name}(X)"))
+        .unwrap_or_else(|| panic!("{name} in {file}"));
     let body: String = src[start..]
         .lines()
         .skip(1)
@@ -64,7 +85,7 @@ fn cmake_pairs() -> BTreeSet<(String, String)> {
 #[test]
 fn flash_attention_pairs_agree() {
     let want = expected_pairs();
-    assert_eq!(want.len(), 21);
+    assert_eq!(want.len(), 21 + 12);
     assert_eq!(header_pairs(), want, "tq-fattn.cuh TQ_FATTN_FOR_EACH_PAIR");
     assert_eq!(
         cmake_pairs(),
@@ -85,6 +106,134 @@ fn backend_tests_cover_every_pair_type() {
             line.contains(&format!("GGML_TYPE_{}", t.to_uppercase())),
             "{t} missing from the backend tests' K/V types"
         );
+    }
+    let line = src
+        .lines()
+        .find(|l| l.contains("const ggml_type tcq_kv_types[]"))
+        .expect("tcq_kv_types");
+    for t in TCQ_KV_TYPES {
+        assert!(
+            line.contains(&format!("GGML_TYPE_{}", t.to_uppercase())),
+            "{t} missing from the backend tests' trellis K/V types"
+        );
+    }
+    // SET_ROWS, GET_ROWS, CPY and MUL_MAT run over all five types
+    let line = src
+        .lines()
+        .find(|l| l.contains("const ggml_type turbo[]"))
+        .expect("turbo[]");
+    for t in ["TURBO2", "TURBO3", "TURBO4", "TURBO3_TCQ", "TURBO2_TCQ"] {
+        assert!(
+            line.contains(&format!("GGML_TYPE_{t},")) || line.contains(&format!("GGML_TYPE_{t}}}")),
+            "{t} missing from the backend tests' turbo types"
+        );
+    }
+}
+
+#[test]
+fn cuda_backend_claims_and_implements_the_trellis_types() {
+    // every op the CUDA backend claims for a turbo type, it claims for all five: no
+    // supports_op hook (ggml-cuda.cu) nor the FA type list (fattn.cu) may name the
+    // scalar-only macros any more
+    let patch = read("ggml-ext/patches/0103-ggml-cuda.patch");
+    for file in ["ggml-cuda.cu", "fattn.cu"] {
+        let section = patch
+            .split("\ndiff ")
+            .find(|s| s.contains(&format!("+++ b/ggml/src/ggml-cuda/{file}\n")))
+            .unwrap_or_else(|| panic!("the patch does not touch {file}"));
+        for l in section.lines().filter(|l| l.starts_with('+')) {
+            assert!(
+                !l.contains("TQ_GGML_IS_TURBO_SCALAR") && !l.contains("TQ_GGML_SCALAR_CASES"),
+                "{file}: a CUDA hook still leaves the trellis types out: {l}"
+            );
+        }
+    }
+    let glue = read("ggml-ext/cuda/tq-cuda-ggml.cuh");
+    assert!(
+        !glue.contains("TQ_GGML_IS_TURBO_SCALAR"),
+        "tq-cuda-ggml.cuh"
+    );
+    assert!(glue.contains("TQ_TCQ_CONVERT_CASES(TEMPLATE)"));
+    assert!(glue.contains("TQ_TCQ_GET_ROWS_CASES"));
+    // the encoders and decoders each dispatch table needs
+    for (file, want) in [
+        (
+            "ggml-ext/cuda/tq-cuda-set-rows.cuh",
+            "tq_tcq_set_rows_launch<idx_t, 3>",
+        ),
+        (
+            "ggml-ext/cuda/tq-cuda-set-rows.cuh",
+            "tq_tcq_set_rows_launch<idx_t, 2>",
+        ),
+        ("ggml-ext/cuda/tq-cuda-cpy.cuh", "tq_tcq_cpy_f32_launch<3>"),
+        ("ggml-ext/cuda/tq-cuda-cpy.cuh", "tq_tcq_cpy_f32_launch<2>"),
+        (
+            "ggml-ext/cuda/tq-cuda-cpy.cuh",
+            "tq_cuda_dequantize_turbo3_tcq",
+        ),
+        (
+            "ggml-ext/cuda/tq-cuda-cpy.cuh",
+            "tq_cuda_dequantize_turbo2_tcq",
+        ),
+        ("ggml-ext/cuda/tq-fattn.cuh", "tq_tcq_vec_dot_KQ<"),
+        ("ggml-ext/cuda/tq-fattn.cuh", "tq_tcq_dequantize_V<"),
+        ("ggml-ext/cuda/tq-parity.cu", "check_tcq<3>"),
+        ("ggml-ext/cuda/tq-parity.cu", "check_tcq<2>"),
+    ] {
+        assert!(read(file).contains(want), "{file} lacks {want}");
+    }
+}
+
+#[test]
+fn trellis_cuda_sources_follow_the_encoding_rule() {
+    // One source for the tables: the CUDA side includes the generated header and never
+    // carries a copy of its numbers.
+    let tables = read("ggml-ext/include/turboquant_tcq_tables.h");
+    let first_values: Vec<&str> = ["TQ_TCQ3_TABLE[256] = {", "TQ_TCQ2_TABLE[256] = {"]
+        .iter()
+        .map(|head| {
+            let at = tables.find(head).expect(head) + head.len();
+            tables[at..].split(',').next().unwrap().trim()
+        })
+        .collect();
+    let tcq = read("ggml-ext/cuda/tq-tcq.cuh");
+    assert!(tcq.contains("#include \"turboquant_tcq_tables.h\""));
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("ggml-ext/cuda");
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        let src = read(&format!("ggml-ext/cuda/{name}"));
+        for v in &first_values {
+            assert!(
+                !src.contains(v),
+                "{name} copies a trellis table value ({v})"
+            );
+        }
+    }
+    // The path costs: `m + e * e`, `e = u - T`, exactly rounded and never contracted into an
+    // FMA under ggml's -use_fast_math; ties to the lowest hi (strict <); the scale fit in f64.
+    let enc = read("ggml-ext/cuda/tq-tcq-encode.cuh");
+    for want in [
+        "tq_fadd(mm, tq_fmul(e, e))",
+        "tq_fsub(ut, tab[i][l])",
+        "tq_fsub(u0, tab[i][l])",
+        "if (cc < mv) {",
+        "tq_ddiv(tq_cuda_widen(x[l]), r)",
+        "xt = tq_dadd(xt, tq_dmul(v, t));",
+        "tt = tq_dadd(tt, tq_dmul(t, t));",
+        "tq_tcq_pass<K, false, false>(uhi, ulo, tab, 0, sc, 31)",
+        "tq_tcq_pass<K, true, true>(ulo, uhi, tab, o, sc, 0)",
+    ] {
+        assert!(enc.contains(want), "tq-tcq-encode.cuh lacks {want}");
+    }
+    let shims = read("ggml-ext/cuda/tq-cuda.cuh") + &tcq;
+    for want in [
+        "__fadd_rn(a, b)",
+        "__fsub_rn(a, b)",
+        "__fmul_rn(a, b)",
+        "__dadd_rn(a, b)",
+        "__dmul_rn(a, b)",
+    ] {
+        assert!(shims.contains(want), "the device shims lack {want}");
     }
 }
 
@@ -114,10 +263,14 @@ fn patch_hooks_every_cuda_table() {
         ),
         (
             "ggml/src/ggml-cuda/fattn-vec.cuh",
-            "!TQ_GGML_IS_TURBO_SCALAR(type_K)",
+            "!TQ_GGML_IS_TURBO(type_K)",
+        ),
+        (
+            "ggml/src/ggml-cuda/fattn-vec.cuh",
+            "tq_fattn_vec_prologue<type_K, type_V>()",
         ),
         ("ggml/src/ggml-cuda/fattn.cu", "TQ_FATTN_VEC_CASES"),
-        ("ggml/src/ggml-cuda/fattn.cu", "TQ_GGML_SCALAR_CASES"),
+        ("ggml/src/ggml-cuda/fattn.cu", "TQ_GGML_CASES"),
         ("ggml/src/ggml-cuda/convert.cu", "TQ_CUDA_CONVERT_CASES"),
         ("ggml/src/ggml-cuda/getrows.cu", "TQ_CUDA_GET_ROWS_CASES"),
         (
@@ -245,7 +398,7 @@ done; done"#;
     const BACKEND_OPS: &str = r#"if [ "$1" = perf ]; then
   echo "  FLASH_ATTN_EXT(hsk=128,hsv=128,nh=8,nr23=[4,1],kv=32768,nb=1,type_K=turbo4,type_V=turbo4): 100 runs - 12.00 us/run - 17000 kB/run - 1400.00 GB/s"
   exit 0; fi
-for i in 1 2 3; do echo "  FLASH_ATTN_EXT(hsk=128,type_K=turbo4,type_V=turbo4,case=$i): OK"; done
+for i in 1 2 3 4; do echo "  FLASH_ATTN_EXT(hsk=128,type_K=turbo4,type_V=turbo4,case=$i): OK"; done
 [ -n "$UNSUPPORTED" ] && echo "  MUL_MAT(type_a=turbo2,prec=f32): not supported [CUDA0]"
 exit 0"#;
 

@@ -4,14 +4,19 @@
 # Adds our headers (ggml-ext/cuda) to ggml-cuda and generates one flash-attention vector
 # kernel instance file per turbo K/V pair, the way upstream's template-instances/ are laid
 # out, into the build tree: nothing generated is committed, and the pair list has one source
-# (TQ_FATTN_FOR_EACH_PAIR in tq-fattn.cuh, mirrored by TQ_CUDA_FA_PAIRS below; the test
-# tests/cuda_build.rs checks that the two agree).
+# (TQ_FATTN_FOR_EACH_PAIR in tq-fattn.cuh and TQ_TCQ_FATTN_FOR_EACH_PAIR in tq-tcq-fattn.cuh,
+# mirrored by TQ_CUDA_FA_PAIRS below; tests/cuda_sources.rs checks that they agree).
+# The scalar turbo pairs, then the trellis ones (TQ_TCQ_FATTN_FOR_EACH_PAIR).
 set(TQ_CUDA_FA_PAIRS
     turbo2-turbo2 turbo2-turbo3 turbo2-turbo4 turbo2-q8_0 turbo2-f16
     turbo3-turbo2 turbo3-turbo3 turbo3-turbo4 turbo3-q8_0 turbo3-f16
     turbo4-turbo2 turbo4-turbo3 turbo4-turbo4 turbo4-q8_0 turbo4-f16
     q8_0-turbo2   q8_0-turbo3   q8_0-turbo4
-    f16-turbo2    f16-turbo3    f16-turbo4)
+    f16-turbo2    f16-turbo3    f16-turbo4
+    turbo3_tcq-turbo3_tcq turbo3_tcq-turbo2_tcq turbo3_tcq-q8_0 turbo3_tcq-f16
+    turbo2_tcq-turbo3_tcq turbo2_tcq-turbo2_tcq turbo2_tcq-q8_0 turbo2_tcq-f16
+    q8_0-turbo3_tcq q8_0-turbo2_tcq
+    f16-turbo3_tcq  f16-turbo2_tcq)
 
 include(${CMAKE_CURRENT_LIST_DIR}/turboquant-cuda-archs.cmake)
 tq_cuda_check_archs("${CMAKE_CUDA_ARCHITECTURES}" "${CMAKE_CUDA_COMPILER_VERSION}")

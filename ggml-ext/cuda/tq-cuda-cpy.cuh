@@ -37,6 +37,8 @@ static bool tq_cuda_cpy(const ggml_tensor * src0, ggml_tensor * src1, cudaStream
             case GGML_TYPE_TURBO2: tq_cuda_cpy_launch<tq_cpy_blck_f32_turbo2, true>(src0, src1, stream); return true;
             case GGML_TYPE_TURBO3: tq_cuda_cpy_launch<tq_cpy_blck_f32_turbo3, true>(src0, src1, stream); return true;
             case GGML_TYPE_TURBO4: tq_cuda_cpy_launch<tq_cpy_blck_f32_turbo4, true>(src0, src1, stream); return true;
+            case GGML_TYPE_TURBO3_TCQ: tq_tcq_cpy_f32_launch<3>(src0, src1, stream); return true; // a warp per block
+            case GGML_TYPE_TURBO2_TCQ: tq_tcq_cpy_f32_launch<2>(src0, src1, stream); return true;
             default: return false;
         }
     }
@@ -45,6 +47,8 @@ static bool tq_cuda_cpy(const ggml_tensor * src0, ggml_tensor * src1, cudaStream
             case GGML_TYPE_TURBO2: tq_cuda_cpy_launch<cpy_blck_q_f32<tq_cuda_dequantize_turbo2, TQ_BLOCK_VALUES>, false>(src0, src1, stream); return true;
             case GGML_TYPE_TURBO3: tq_cuda_cpy_launch<cpy_blck_q_f32<tq_cuda_dequantize_turbo3, TQ_BLOCK_VALUES>, false>(src0, src1, stream); return true;
             case GGML_TYPE_TURBO4: tq_cuda_cpy_launch<cpy_blck_q_f32<tq_cuda_dequantize_turbo4, TQ_BLOCK_VALUES>, false>(src0, src1, stream); return true;
+            case GGML_TYPE_TURBO3_TCQ: tq_cuda_cpy_launch<cpy_blck_q_f32<tq_cuda_dequantize_turbo3_tcq, TQ_BLOCK_VALUES>, false>(src0, src1, stream); return true;
+            case GGML_TYPE_TURBO2_TCQ: tq_cuda_cpy_launch<cpy_blck_q_f32<tq_cuda_dequantize_turbo2_tcq, TQ_BLOCK_VALUES>, false>(src0, src1, stream); return true;
             default: return false;
         }
     }

@@ -8,6 +8,7 @@
 
 #include "tq-ggml.h"
 #include "tq-cuda.cuh"
+#include "tq-tcq-ggml.cuh" // the trellis types
 
 static __device__ __forceinline__ void tq_cuda_dequantize_turbo2(const void * vx, const int64_t ib, const int iqs, float2 & v) {
     tq_cuda_dequantize<2>(vx, ib, iqs, v);
@@ -28,7 +29,8 @@ static __device__ void tq_cuda_quantize_turbo4(const float * x, tq_block_turbo4 
 #define TQ_CUDA_CONVERT_CASES(TEMPLATE)                                                         \
     case GGML_TYPE_TURBO2: return TEMPLATE<TQ_BLOCK_VALUES, 2, tq_cuda_dequantize_turbo2>;      \
     case GGML_TYPE_TURBO3: return TEMPLATE<TQ_BLOCK_VALUES, 2, tq_cuda_dequantize_turbo3>;      \
-    case GGML_TYPE_TURBO4: return TEMPLATE<TQ_BLOCK_VALUES, 2, tq_cuda_dequantize_turbo4>;
+    case GGML_TYPE_TURBO4: return TEMPLATE<TQ_BLOCK_VALUES, 2, tq_cuda_dequantize_turbo4>;      \
+    TQ_TCQ_CONVERT_CASES(TEMPLATE)
 
 // getrows.cu: `case`s for ggml_cuda_get_rows_switch_src0_type.
 #define TQ_CUDA_GET_ROWS_CASE(T)                                                                \
@@ -36,22 +38,23 @@ static __device__ void tq_cuda_quantize_turbo4(const float * x, tq_block_turbo4 
         get_rows_cuda_q<TQ_BLOCK_VALUES, 2, tq_cuda_dequantize_turbo##T>(src0_d, src1_d, dst_d, \
             ne00, nb01, nb02, nb03, ne10, ne11, ne12, nb10, nb11, nb12, nb1, nb2, nb3, stream); \
         break;
-#define TQ_CUDA_GET_ROWS_CASES TQ_CUDA_GET_ROWS_CASE(2) TQ_CUDA_GET_ROWS_CASE(3) TQ_CUDA_GET_ROWS_CASE(4)
+#define TQ_CUDA_GET_ROWS_CASES TQ_CUDA_GET_ROWS_CASE(2) TQ_CUDA_GET_ROWS_CASE(3) TQ_CUDA_GET_ROWS_CASE(4) TQ_TCQ_GET_ROWS_CASES
 
 // set-rows.cu and cpy.cu: tq-cuda-set-rows.cuh and tq-cuda-cpy.cuh (hooks before upstream's if-chains).
 
-// ggml-cuda.cu supports_op: exactly the cases above.
+// ggml-cuda.cu supports_op: exactly the cases above, for all five types (the trellis ones
+// encode in their own warp-per-block kernels, tq-tcq-ggml.cuh).
 #define TQ_CUDA_SET_ROWS_SUPPORTED(op)                                                          \
-    (TQ_GGML_IS_TURBO_SCALAR((op)->type) && (op)->src[0]->type == GGML_TYPE_F32 &&                     \
+    (TQ_GGML_IS_TURBO((op)->type) && (op)->src[0]->type == GGML_TYPE_F32 &&                     \
      ((op)->src[1]->type == GGML_TYPE_I64 || (op)->src[1]->type == GGML_TYPE_I32))
 #define TQ_CUDA_CPY_SUPPORTED(src0_type, src1_type)                                             \
-    ((TQ_GGML_IS_TURBO_SCALAR(src1_type) && (src0_type) == GGML_TYPE_F32) ||                           \
-     (TQ_GGML_IS_TURBO_SCALAR(src0_type) && (src1_type) == GGML_TYPE_F32))
+    ((TQ_GGML_IS_TURBO(src1_type) && (src0_type) == GGML_TYPE_F32) ||                           \
+     (TQ_GGML_IS_TURBO(src0_type) && (src1_type) == GGML_TYPE_F32))
 
 // ggml-cuda.cu MUL_MAT (flash attention off: KQ = K·Q against a turbo K cache). There is no
 // turbo kernel for mul_mat_vec_q / mul_mat_q, so ggml_cuda_mul_mat and the mmvq fusion check
 // send turbo operands to cuBLAS, which decodes them to f16 (or f32 under GGML_PREC_F32)
 // through the converters above. MUL_MAT_ID (expert weights) is not a KV-cache op: unclaimed.
-#define TQ_CUDA_MUL_MAT_VIA_CUBLAS(type) TQ_GGML_IS_TURBO_SCALAR(type)
+#define TQ_CUDA_MUL_MAT_VIA_CUBLAS(type) TQ_GGML_IS_TURBO(type)
 #define TQ_CUDA_MUL_MAT_SUPPORTED(op)                                                           \
     ((op)->op == GGML_OP_MUL_MAT && (op)->src[1]->type == GGML_TYPE_F32)

@@ -26,6 +26,8 @@ static bool tq_cuda_set_rows(const ggml_tensor * src0, const ggml_tensor * src1,
             case GGML_TYPE_TURBO2: tq_cuda_set_rows_launch<idx_t, tq_block_turbo2, tq_cuda_quantize_turbo2>(src0, src1, dst, stream); return true;
             case GGML_TYPE_TURBO3: tq_cuda_set_rows_launch<idx_t, tq_block_turbo3, tq_cuda_quantize_turbo3>(src0, src1, dst, stream); return true;
             case GGML_TYPE_TURBO4: tq_cuda_set_rows_launch<idx_t, tq_block_turbo4, tq_cuda_quantize_turbo4>(src0, src1, dst, stream); return true;
+            case GGML_TYPE_TURBO3_TCQ: tq_tcq_set_rows_launch<idx_t, 3>(src0, src1, dst, stream); return true;
+            case GGML_TYPE_TURBO2_TCQ: tq_tcq_set_rows_launch<idx_t, 2>(src0, src1, dst, stream); return true;
             default: return false;
         }
     }

@@ -15,6 +15,7 @@
 
 #include "tq-ggml.h"
 #include "tq-cuda.cuh"
+#include "tq-tcq-fattn.cuh" // the trellis types
 
 template <ggml_type type> constexpr __host__ __device__ int tq_fattn_bits() {
     return type == GGML_TYPE_TURBO2 ? 2 : type == GGML_TYPE_TURBO3 ? 3 : 4;
@@ -83,12 +84,27 @@ static __device__ __forceinline__ void tq_dequantize_V(const void * __restrict__
 
 template <ggml_type type_K, int D, int nthreads>
 constexpr __device__ vec_dot_KQ_t tq_get_vec_dot_KQ() {
-    return tq_vec_dot_KQ<D, nthreads, tq_fattn_bits<type_K>()>;
+    if constexpr (TQ_GGML_IS_TCQ(type_K)) {
+        return tq_tcq_vec_dot_KQ<D, nthreads, tq_tcq_fattn_k<type_K>()>;
+    } else {
+        return tq_vec_dot_KQ<D, nthreads, tq_fattn_bits<type_K>()>;
+    }
 }
 
 template <ggml_type type_V, typename T, int ne>
 constexpr __device__ dequantize_V_t tq_get_dequantize_V() {
-    return tq_dequantize_V<T, ne, tq_fattn_bits<type_V>()>;
+    if constexpr (TQ_GGML_IS_TCQ(type_V)) {
+        return tq_tcq_dequantize_V<T, ne, tq_tcq_fattn_k<type_V>()>;
+    } else {
+        return tq_dequantize_V<T, ne, tq_fattn_bits<type_V>()>;
+    }
+}
+
+// Called by the patched vector kernel before its main loop: the trellis types' tables into
+// shared memory (tq-tcq-fattn.cuh); nothing for other types.
+template <ggml_type type_K, ggml_type type_V>
+static __device__ __forceinline__ void tq_fattn_vec_prologue() {
+    tq_tcq_fattn_prologue<type_K, type_V>();
 }
 
 // The K/V pairs we compile vector kernels for (ggml-ext/cuda/turboquant-cuda.cmake generates
@@ -107,7 +123,7 @@ constexpr __device__ dequantize_V_t tq_get_dequantize_V() {
     extern DECL_FATTN_VEC_CASE(256, GGML_TYPE_##K, GGML_TYPE_##V);
 
 // For the end of fattn-vec.cuh: the instances live in the generated files, not in fattn.cu.
-#define TQ_FATTN_EXTERN_DECL_CASES TQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_EXTERN_DECL_PAIR)
+#define TQ_FATTN_EXTERN_DECL_CASES TQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_EXTERN_DECL_PAIR) TQ_TCQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_EXTERN_DECL_PAIR)
 
 // Head sizes compiled (TQ_CUDA_FA_HEAD_SIZES in turboquant-cuda.cmake); for an instance left
 // out the lookup returns nothing and upstream converts K/V to f16 instead. `if constexpr`
@@ -133,4 +149,4 @@ constexpr __device__ dequantize_V_t tq_get_dequantize_V() {
 #define TQ_FATTN_VEC_CASE(K, V) TQ_FATTN_VEC_CASE_D(64, K, V) TQ_FATTN_VEC_CASE_D(128, K, V) TQ_FATTN_VEC_CASE_D(256, K, V)
 
 // For ggml_cuda_get_fattn_vec_case in fattn.cu.
-#define TQ_FATTN_VEC_CASES TQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_VEC_CASE)
+#define TQ_FATTN_VEC_CASES TQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_VEC_CASE) TQ_TCQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_VEC_CASE)

@@ -12,6 +12,12 @@
 //   tq-parity --host    # the same source compiled for the host only: runs without a GPU (CI)
 //
 // Built with ggml's own `-use_fast_math` on purpose: the encoder must stay exact under it.
+// The trellis types: tq-parity-tcq.cuh (it counts the exact ties the host search resolves).
+#include <stdint.h>
+static int64_t g_tcq_ties = 0;
+#ifndef __CUDA_ARCH__
+#define TQ_TCQ_ON_TIE(cost) (g_tcq_ties += (cost) != INFINITY)
+#endif
 #include "tq-cuda.cuh"
 
 #include <cmath>
@@ -375,6 +381,8 @@ static int check_type(const std::vector<float> & x, bool device, int & failures)
     return 0;
 }
 
+#include "tq-parity-tcq.cuh"
+
 int main(int argc, char ** argv) {
     const bool host_only = argc > 1 && strcmp(argv[1], "--host") == 0;
     int ndev = 0;
@@ -391,6 +399,8 @@ int main(int argc, char ** argv) {
         int rc = check_type<2>(x, device, failures);
         rc = rc ? rc : check_type<3>(x, device, failures);
         rc = rc ? rc : check_type<4>(x, device, failures);
+        rc = rc ? rc : check_tcq<3>(x, device, failures);
+        rc = rc ? rc : check_tcq<2>(x, device, failures);
         if (rc) {
             return rc;
         }

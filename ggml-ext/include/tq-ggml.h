@@ -56,8 +56,8 @@
     ((int) (t) >= (int) GGML_TYPE_TURBO2 && (int) (t) <= (int) GGML_TYPE_TURBO2_TCQ)
 /* The trellis-coded ones. */
 #define TQ_GGML_IS_TCQ(t) ((int) (t) == (int) GGML_TYPE_TURBO3_TCQ || (int) (t) == (int) GGML_TYPE_TURBO2_TCQ)
-/* The scalar-codebook ones (turbo2..4): the CUDA port implements these only, so the CUDA
-   backend claims no op on a trellis type and ggml runs it on the CPU. */
+/* The scalar-codebook ones (turbo2..4). The CUDA backend claims all five types
+   (TQ_GGML_IS_TURBO / TQ_GGML_CASES); these name the scalar half where it differs. */
 #define TQ_GGML_IS_TURBO_SCALAR(t) \
     ((int) (t) >= (int) GGML_TYPE_TURBO2 && (int) (t) <= (int) GGML_TYPE_TURBO4)
 #define TQ_GGML_SCALAR_CASES                                                     \

@@ -42,6 +42,19 @@ pub struct CaptureHeader {
     pub dtype: String,
     /// K/Q: post-RoPE (the last `Kcur-<il>` / `Qcur-<il>` of llama.cpp's graph), V: `Vcur-<il>`
     pub note: String,
+    /// The model's RoPE as llama.cpp's K mean uses it; absent in captures made before it was
+    /// recorded (the lab then falls back to the plain first-ubatch mean, and says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope: Option<RopeInfo>,
+}
+
+/// RoPE frequencies per layer, from llama.cpp itself (`tq_llama_rope_freqs`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RopeInfo {
+    /// pair i is channels (i, i + n/2) (NEOX) rather than (2i, 2i + 1)
+    pub neox: bool,
+    /// per layer, the angle per position of each channel pair (empty: no RoPE handled)
+    pub freqs: Vec<Vec<f64>>,
 }
 
 /// A capture in memory: per layer, `[n_tokens][n_head_kv][head_k]` keys, the same for
@@ -539,6 +552,53 @@ pub fn k_mean(rows: &[f32], n_heads: usize, dim: usize, first: usize) -> Vec<f32
         }
     }
     s.iter().map(|&a| (a / n as f64) as f32).collect()
+}
+
+/// The K mean llama.cpp's turbo caches use when the cache holds `n_pos` positions
+/// (tq-kmean.h): the first-ubatch mean `kbar` of [`k_mean`] (positions `0..first`) mapped
+/// per RoPE pair of angular frequency `w[i]` by `F = a_N conj(a_B) / max(|a_B|², |a_N||a_B|)`,
+/// `a_X` the mean of `e^{ipw}` over the positions of X. The map is what carries a mean fitted
+/// at positions 0..511 to keys at any position; `w` empty leaves `kbar` as it is.
+/// `m` is `[n_heads][dim]`, changed in place.
+pub fn rope_fit_mean(m: &mut [f32], dim: usize, w: &[f64], neox: bool, first: usize, n_pos: usize) {
+    let b = first.min(n_pos);
+    if b == 0 || n_pos == 0 {
+        return;
+    }
+    let half = w.len().min(dim / 2);
+    for (i, &wi) in w.iter().enumerate().take(half) {
+        let mean_exp = |n: usize| -> (f64, f64) {
+            // mean of e^{ipw} over p < n, by the geometric sum (1 as w -> 0 mod 2 pi)
+            let (zr, zi) = (1.0 - wi.cos(), -wi.sin());
+            let den = n as f64 * (zr * zr + zi * zi);
+            if (zr * zr + zi * zi).sqrt() < 1e-12 {
+                return (1.0, 0.0);
+            }
+            let (nr, ni) = (1.0 - (wi * n as f64).cos(), -(wi * n as f64).sin());
+            // (nr + i ni) / (n (zr + i zi))
+            ((nr * zr + ni * zi) / den, (ni * zr - nr * zi) / den)
+        };
+        let (nr, ni) = mean_exp(n_pos);
+        let (br, bi) = mean_exp(b);
+        let (an, ab2) = ((nr * nr + ni * ni).sqrt(), br * br + bi * bi);
+        let den = ab2.max(an * ab2.sqrt());
+        // F = a_N conj(a_B) / den
+        let (fr, fi) = if den > 0.0 {
+            ((nr * br + ni * bi) / den, (ni * br - nr * bi) / den)
+        } else {
+            (0.0, 0.0)
+        };
+        let (a, c) = if neox {
+            (i, i + dim / 2)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
+        for h in m.chunks_exact_mut(dim) {
+            let (x, y) = (h[a] as f64, h[c] as f64);
+            h[a] = (fr * x - fi * y) as f32;
+            h[c] = (fi * x + fr * y) as f32;
+        }
+    }
 }
 
 /// `rows - m` with `m` repeated over every `m.len()`-long chunk (a token of

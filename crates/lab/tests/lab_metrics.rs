@@ -29,6 +29,7 @@ fn sample_capture() -> Capture {
         head_v: 128,
         dtype: "f16".into(),
         note: String::new(),
+        rope: None,
     };
     let mut rng = SplitMix64::new(7);
     // values exactly representable in f16, so the round trip is exact
@@ -432,5 +433,89 @@ fn k_mean_rule_and_softmax_invariance() {
         let rel = lab::norm(&diff) / lab::norm(&a);
         assert!(rel < 1e-6, "attention output differs by {rel} (relative)");
         assert_eq!(lab::argmax(&pa), lab::argmax(&pb));
+    }
+}
+
+/// Keys `rope(mu, p) + noise` at positions 0..n: what a common pre-RoPE component looks like
+/// after RoPE. Residual energy of `k_p - m` over every position.
+fn rope_keys(w: &[f64], mu: &[f32], n: usize, neox: bool, rng: &mut SplitMix64) -> Vec<f32> {
+    let d = mu.len();
+    let mut out = Vec::with_capacity(n * d);
+    for p in 0..n {
+        let mut k = gauss(rng, d).iter().map(|x| 0.1 * x).collect::<Vec<f32>>();
+        for (i, &wi) in w.iter().enumerate() {
+            let (a, b) = if neox {
+                (i, i + d / 2)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (c, s) = ((wi * p as f64).cos() as f32, (wi * p as f64).sin() as f32);
+            k[a] += c * mu[a] - s * mu[b];
+            k[b] += s * mu[a] + c * mu[b];
+        }
+        out.extend(k);
+    }
+    out
+}
+
+fn residual(keys: &[f32], m: &[f32]) -> f64 {
+    keys.chunks_exact(m.len())
+        .map(|k| {
+            k.iter()
+                .zip(m)
+                .map(|(&x, &y)| ((x - y) as f64).powi(2))
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+#[test]
+fn rope_fitted_mean_models_llama_cpp_map() {
+    // one pair that barely turns over 4096 positions, one that turns part way, two that spin
+    let w = [0.00001, 0.002, 0.05, 1.0];
+    let mut rng = SplitMix64::new(11);
+    let mu = gauss(&mut rng, 8);
+    for neox in [false, true] {
+        let keys = rope_keys(&w, &mu, 4096, neox, &mut rng);
+        let plain = lab::k_mean(&keys, 1, 8, lab::K_MEAN_TOKENS);
+        // the cache holds only the first ubatch: the map is the identity (F = 1)
+        let mut same = plain.clone();
+        lab::rope_fit_mean(
+            &mut same,
+            8,
+            &w,
+            neox,
+            lab::K_MEAN_TOKENS,
+            lab::K_MEAN_TOKENS,
+        );
+        for (a, b) in same.iter().zip(&plain) {
+            assert!(
+                (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                "N = B must leave the mean: {a} vs {b}"
+            );
+        }
+        // no RoPE handled: unchanged
+        let mut none = plain.clone();
+        lab::rope_fit_mean(&mut none, 8, &[], neox, lab::K_MEAN_TOKENS, 4096);
+        assert_eq!(none, plain);
+        // over 4096 positions the fitted mean leaves less energy than the first-ubatch mean
+        // and than none, and it keeps the slow pair's mean
+        let mut fit = plain.clone();
+        lab::rope_fit_mean(&mut fit, 8, &w, neox, lab::K_MEAN_TOKENS, 4096);
+        let (e_fit, e_plain, e_none) = (
+            residual(&keys, &fit),
+            residual(&keys, &plain),
+            residual(&keys, &[0.0; 8]),
+        );
+        assert!(
+            e_fit < e_plain && e_fit < e_none,
+            "fitted {e_fit} plain {e_plain} none {e_none}"
+        );
+        let (a, b) = if neox { (0, 4) } else { (0, 1) };
+        let kept = fit[a].hypot(fit[b]) / plain[a].hypot(plain[b]);
+        assert!((0.95..=1.0 + 1e-6).contains(&kept), "slow pair kept {kept}");
+        // the spinning pair's mean shrinks toward 0 (|F| < 1 there)
+        let (a, b) = if neox { (3, 7) } else { (6, 7) };
+        assert!(fit[a].hypot(fit[b]) < 0.2 * plain[a].hypot(plain[b]).max(1e-3));
     }
 }

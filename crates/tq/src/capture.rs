@@ -12,9 +12,58 @@
 use crate::progress::progress;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
-use turboquant_lab::{Capture, CaptureHeader};
+use turboquant_lab::{Capture, CaptureHeader, RopeInfo};
 
 use turboquant::llama_sys as sys;
+
+extern "C" {
+    /// ggml-ext/include/tq-llama-kv-cache.inc (part of libllama): the RoPE frequencies per
+    /// channel pair of layer `il` that the turbo K mean's position map uses.
+    fn tq_llama_rope_freqs(
+        model: *const sys::llama_model,
+        il: i32,
+        n_pos: u32,
+        w: *mut f64,
+        cap: i32,
+        neox: *mut i32,
+    ) -> i32;
+}
+
+/// What llama.cpp's K mean uses of the model's RoPE, per layer (for the lab's K mean).
+fn rope_info(
+    model: *mut sys::llama_model,
+    n_layer: usize,
+    n_pos: usize,
+    head_k: usize,
+) -> Result<RopeInfo, String> {
+    let mut freqs = Vec::with_capacity(n_layer);
+    let mut neox = 0i32;
+    for il in 0..n_layer {
+        let mut w = vec![0f64; head_k / 2];
+        // SAFETY: a loaded model, a buffer of `cap` doubles and an i32 out-parameter.
+        let n = unsafe {
+            tq_llama_rope_freqs(
+                model,
+                il as i32,
+                n_pos as u32,
+                w.as_mut_ptr(),
+                w.len() as i32,
+                &mut neox,
+            )
+        };
+        if n < 0 {
+            return Err(format!(
+                "layer {il}: llama.cpp refused the RoPE frequency query (head {head_k})"
+            ));
+        }
+        w.truncate(n as usize);
+        freqs.push(w);
+    }
+    Ok(RopeInfo {
+        neox: neox != 0,
+        freqs,
+    })
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -290,6 +339,7 @@ fn capture_with(
     unsafe { sys::llama_free(ctx) };
     result?;
 
+    let rope = rope_info(model, n_layer, n_ctx_train.max(toks.len()), head_k)?;
     let header = CaptureHeader {
         version: 1,
         model: o.model.display().to_string(),
@@ -305,6 +355,7 @@ fn capture_with(
         note: "K, Q: last Kcur-<il>/Qcur-<il> of llama.cpp's graph (post-RoPE); V: Vcur-<il>; \
                f16 KV cache, no rotation"
             .into(),
+        rope: Some(rope),
     };
     let cap = Capture { header, k, v, q };
     cap.write(o.out)

@@ -424,11 +424,16 @@ impl KMeanOpt {
     }
 }
 
-fn k_mean_json(on: bool) -> serde_json::Value {
+fn k_mean_json(on: bool, h: &lab::CaptureHeader) -> serde_json::Value {
+    let map = if h.rope.is_some() {
+        "then mapped per RoPE pair by F = a_N conj(a_B) / max(|a_B|^2, |a_N| |a_B|) to a cache of n_tokens positions, as llama.cpp does (frequencies recorded by tq capture)"
+    } else {
+        "not mapped to later positions (this capture predates the recorded RoPE frequencies: llama.cpp's RoPE-fitted mean is not modelled; capture again)"
+    };
     serde_json::json!({
         "removed": on,
         "rule": if on {
-            format!("turbo K caches store k - m (llama.cpp's K mean removal, tq-kmean.h); m per layer and KV head = mean of the first min({}, n_tokens) captured keys (llama.cpp's first ubatch at its default -ub {}), 0 if that is under {} tokens; q8_0/q4_0/f16 K and V unchanged", lab::K_MEAN_TOKENS, lab::K_MEAN_TOKENS, lab::K_MEAN_MIN_TOKENS)
+            format!("turbo K caches store k - m (llama.cpp's K mean removal, tq-kmean.h); m per layer and KV head = mean of the first min({}, n_tokens) captured keys (llama.cpp's first ubatch at its default -ub {}), 0 if that is under {} tokens, {map}; q8_0/q4_0/f16 K and V unchanged", lab::K_MEAN_TOKENS, lab::K_MEAN_TOKENS, lab::K_MEAN_MIN_TOKENS)
         } else {
             "none (--no-k-mean: turbo K caches store k, as llama.cpp with --tq-k-mean off)".to_string()
         },
@@ -447,7 +452,15 @@ fn k_mean_words(on: bool) -> &'static str {
 /// The `[n_head_kv][head_k]` K mean of layer `l` when `on` (see `KMeanOpt`).
 fn layer_k_mean(c: &Capture, l: usize, on: bool) -> Option<Vec<f32>> {
     let h = &c.header;
-    on.then(|| lab::k_mean(&c.k[l], h.n_head_kv, h.head_k, lab::K_MEAN_TOKENS))
+    on.then(|| {
+        let mut m = lab::k_mean(&c.k[l], h.n_head_kv, h.head_k, lab::K_MEAN_TOKENS);
+        if let Some(r) = &h.rope {
+            // the cache holds every captured position, as a context of n_tokens would
+            let w = r.freqs.get(l).map_or(&[][..], |f| &f[..]);
+            lab::rope_fit_mean(&mut m, h.head_k, w, r.neox, lab::K_MEAN_TOKENS, h.n_tokens);
+        }
+        m
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -628,7 +641,7 @@ pub fn distortion(o: DistortionOpts) -> Result<(), String> {
     let json = serde_json::json!({
         "capture": o.out.capture, "model": c.header.model,
         "method": "each head vector through the cache type as llama.cpp applies it: turbo after the seeded rotation, q8_0/q4_0 (Rust re-implementation of ggml's quantize_row_q*_0_ref, fp16 scale) after upstream's plain Hadamard rotation; K rotation size = largest power of 2 dividing head_k, V: 64. Means over all tokens, heads and layers; cos_p1 = worst layer's 1st percentile. k: k vs its reconstruction, no mean removal; k_with_k_mean (turbo, K mean removal on): k - m vs dequant(quant(k - m)); k_centred_without_k_mean: k - m vs k^ - m, the cache storing k, i.e. the error of the no-removal cache in the quantity attention sees",
-        "k_mean": k_mean_json(km),
+        "k_mean": k_mean_json(km, &c.header),
         "types": rows,
     });
     emit(&o.out, &json, || {
@@ -864,10 +877,15 @@ pub fn niah_cells(c: &Capture, o: &NiahOpts, codecs: &[Codec]) -> Result<Vec<Nia
                 real: None,
             }
         };
-        let m = o
-            .k_mean
-            .on()
-            .then(|| lab::k_mean(&unit.keys, 1, h.head_k, lab::K_MEAN_TOKENS));
+        let m = match unit.real {
+            Some((l, kh)) => layer_k_mean(c, l, o.k_mean.on())
+                .map(|m| m[kh * h.head_k..(kh + 1) * h.head_k].to_vec()),
+            // synthetic keys have no positions: the plain mean
+            None => o
+                .k_mean
+                .on()
+                .then(|| lab::k_mean(&unit.keys, 1, h.head_k, lab::K_MEAN_TOKENS)),
+        };
         let keys_q: Vec<Vec<f32>> = codecs
             .iter()
             .map(|&cd| lab::roundtrip_keys(cd, h.head_k, rk, &unit.keys, m.as_deref()))
@@ -951,7 +969,7 @@ pub fn niah(o: NiahOpts) -> Result<(), String> {
     let json = serde_json::json!({
         "capture": o.out.capture, "model": c.header.model,
         "definition": "haystack of L keys drawn with replacement from a pool (real: all captured post-RoPE keys of one (layer, KV head); synthetic: N(0,I) keys), query real (same layer, a query head of that group, random token) or N(0,I); needle at a random position p: k_p + alpha q/|q|^2 with exact attention weight needle_weight; metric top1 = fraction of trials where argmax_j q.k^_j after quantizing keys is the exact argmax (= p for needle_weight >= 0.5) (rotation included); out_cos = mean cosine of softmax(qK^/sqrt(d))V^ vs exact; with K mean removal, turbo k^ = dequant(quant(k - m)), m = mean of the first min(512, n) pool keys (softmax-invariant shift)",
-        "k_mean": k_mean_json(o.k_mean.on()),
+        "k_mean": k_mean_json(o.k_mean.on(), &c.header),
         "needle_weight": o.needle_weight, "trials": o.trials, "synthetic_pool": o.synthetic_pool,
         "seed": o.seed, "cells": cells,
     });
@@ -1168,7 +1186,7 @@ pub fn recommend(o: RecommendOpts) -> Result<(), String> {
     let json = serde_json::json!({
         "capture": o.out.capture, "model": c.header.model, "target": o.target,
         "criterion": "every layer's mean attention-output cosine (softmax(qK^/sqrt(d))V^ vs exact, causal, captured queries at positions in the second half) >= target; least bits per value wins, ties to higher quality",
-        "k_mean": k_mean_json(o.k_mean.on()),
+        "k_mean": k_mean_json(o.k_mean.on(), &c.header),
         "kv_norm_ratio": {"median": ratio_med, "max": ratio_max},
         "recommended": best.map(|r| serde_json::json!({"ctk": r.ctk, "ctv": r.ctv, "flags": flags(r), "bits_per_value": r.bits_per_value})),
         "recommended_symmetric": best_sym.map(|r| serde_json::json!({"ctk": r.ctk, "ctv": r.ctv, "flags": flags(r), "bits_per_value": r.bits_per_value})),
