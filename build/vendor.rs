@@ -77,23 +77,30 @@ fn archive(pin: &Pin) -> Result<PathBuf, String> {
     if !path.exists() {
         fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         require_tool("python3", "Debian: apt-get install python3-pip")?;
-        println!(
-            "cargo:warning=fetching {}=={} (sdist) with pip",
-            pin.get("package")?,
-            pin.get("version")?
-        );
-        run(
+        let (package, version) = (pin.get("package")?, pin.get("version")?);
+        println!("cargo:warning=fetching {package}=={version} (sdist) with pip");
+        // The pinned hash goes to pip itself (`--require-hashes`): pip checks the file it
+        // downloaded against it before it unpacks the archive or runs its build backend for
+        // metadata, so a different file is refused (and not saved) before anything in it
+        // runs. The check below still runs on every use of the cached file.
+        let req = dir.join(format!(
+            ".{}.requirements-{}",
+            pin.get("archive")?,
+            std::process::id()
+        ));
+        fs::write(&req, format!("{package}=={version} --hash=sha256:{want}\n"))
+            .map_err(|e| format!("cannot write {}: {e}", req.display()))?;
+        let got = run(
             Command::new("python3")
-                .args(["-m", "pip", "download", "--no-deps", "--no-binary"])
-                .args([
-                    pin.get("package")?,
-                    &format!("{}=={}", pin.get("package")?, pin.get("version")?),
-                    "-d",
-                    dir.to_str().unwrap(),
-                ]),
+                .args(["-m", "pip", "download", "--no-deps", "--require-hashes"])
+                .args(["--no-binary", package, "-r"])
+                .arg(&req)
+                .arg("-d")
+                .arg(&dir),
             "pip download of the pinned llama.cpp source",
-        )
-        .map_err(|e| format!("{e}\n(is pip installed? Debian: apt-get install python3-pip)"))?;
+        );
+        let _ = fs::remove_file(&req);
+        got.map_err(|e| format!("{e}\n(is pip installed? Debian: apt-get install python3-pip)"))?;
     }
     let got = sha256_file(&path)?;
     if got != want {

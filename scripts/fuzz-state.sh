@@ -2,7 +2,8 @@
 # Fuzz the turbo state reader: fuzz/state/state_fuzz.cpp around llama_state_seq_set_data,
 # with llama + ggml built under ASan + UBSan (target/sanitize/llama), on a tiny random-weight
 # model (scripts/random_gguf.py: 2 layers, head 64), seeded with real sequence states of
-# turbo caches (fuzz/corpus/state/, written by the harness with --write-seeds when empty).
+# turbo caches (fuzz/corpus/state/, written by the harness with --write-seeds when empty);
+# the inputs of earlier findings (fuzz/corpus/state-findings/) are replayed first.
 #
 #   scripts/fuzz-state.sh [ITERATIONS] [RNG_SEED]      (default 20000, 1)
 #   TQ_FUZZ_STATE_RELEASE=1 scripts/fuzz-state.sh ...  (links the release llama of
@@ -22,23 +23,16 @@ cache=${TQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/turboquant}
 export CCACHE_DIR=${CCACHE_DIR:-$cache/ccache} CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
 build=$root/target/sanitize/llama
 
-# the codec as a static library (the turbo types call into it) and vendor/llama.cpp
-cargo build --release --lib -p turboquant -p turboquant-capi 2>&1 | grep -Ev '^\s+(Compiling|Blocking)' || true
-lib=$root/target/release/libturboquant_capi.a
-[ -f "$lib" ] && [ -d vendor/llama.cpp ] || { echo "fuzz-state: cargo build --release failed" >&2; exit 1; }
-
 if [ "${TQ_FUZZ_STATE_RELEASE:-0}" = 1 ]; then
+  # the codec as a static library (the turbo types call into it) and vendor/llama.cpp
+  cargo build --release --lib -p turboquant -p turboquant-capi 2>&1 | grep -Ev '^\s+(Compiling|Blocking)' || true
   build=$root/target/llama.cpp-build
 else
-  cmake -S vendor/llama.cpp -B "$build" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_UNDEFINED=ON -DLLAMA_SANITIZE_ADDRESS=ON \
-    -DLLAMA_SANITIZE_UNDEFINED=ON -DGGML_NATIVE=ON -DGGML_CCACHE=ON \
-    -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
-    -DTQ_EXT_DIR="$root/ggml-ext" >/dev/null
-  cmake --build "$build" -j "${NUM_JOBS:-2}" --target llama >/dev/null
+  # llama + ggml under ASan + UBSan, the build of scripts/sanitize-llama.sh
+  scripts/sanitize-llama.sh build-lib
 fi
+lib=$root/target/release/libturboquant_capi.a
+[ -f "$lib" ] && [ -d vendor/llama.cpp ] || { echo "fuzz-state: cargo build --release failed" >&2; exit 1; }
 
 mkdir -p "$root/target/sanitize"
 exe=$root/target/sanitize/state_fuzz
@@ -63,7 +57,9 @@ flag=
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 start=$(date +%s)
-"$exe" "$model" "$corpus" "$iters" "$seed" "$root/target/sanitize/state-findings" $flag
+# the inputs of earlier findings go in first, unmutated (fuzz/corpus/state-findings)
+STATE_FUZZ_REPLAY=$root/fuzz/corpus/state-findings \
+  "$exe" "$model" "$corpus" "$iters" "$seed" "$root/target/sanitize/state-findings" $flag
 what="llama and harness under ASan+UBSan"
 [ "${TQ_FUZZ_STATE_RELEASE:-0}" = 1 ] && what="release llama, harness under ASan+UBSan"
 echo "fuzz-state: $iters executions in $(( $(date +%s) - start )) s ($what)"

@@ -153,6 +153,77 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A saved cell at a position that removing its sequence cannot reach: a negative one, or
+/// i32::MAX (`llama_memory_seq_rm(seq, -1, -1)` removes [0, i32::MAX)). Upstream's reader
+/// took such a state, and the cell then outlived every erase of the slot (the state fuzzer's
+/// orphan-cells finding, docs/RELIABILITY.md); patch 0004 refuses it. Each is refused with
+/// 400 and the log names the cell, the server stays up, and the slot then answers exactly
+/// as before; the unmodified file still restores.
+#[test]
+fn restore_refuses_a_cell_at_a_position_that_erasing_the_slot_cannot_reach() {
+    let dir = slot_dir("positions");
+    let mut srv = slot_server(&dir, 1, &[]);
+    let p = tokens(&srv, PROMPT_A);
+    let good_answer = complete(&srv, 0, &p, 12);
+    slot_ok(&srv, 0, "save", "good.bin");
+    let good = std::fs::read(dir.join("good.bin")).unwrap();
+    // server token header, then llama's state: stream count, cell count, cells of 12 bytes
+    // (position, sequence count, sequence id)
+    let kv = 12 + 4 * u32_at(&good, 8);
+    let n_cells = u32_at(&good, kv + 4);
+    assert!(
+        (p.len()..=p.len() + 12).contains(&n_cells),
+        "{n_cells} cells for a {}-token prompt and 12 generated tokens",
+        p.len()
+    );
+    let cell = |i: usize| kv + 8 + 12 * i;
+    for i in 0..n_cells {
+        assert_eq!(
+            i32::from_le_bytes(good[cell(i)..cell(i) + 4].try_into().unwrap()),
+            i as i32,
+            "cell {i}'s position"
+        );
+    }
+    let at = |i: usize, pos: i32| {
+        let mut f = good.clone();
+        f[cell(i)..cell(i) + 4].copy_from_slice(&pos.to_le_bytes());
+        f
+    };
+    let last = n_cells - 1;
+    let cases = [
+        (
+            "cell 0 at -1",
+            at(0, -1),
+            "cell 0 has position -1,".to_string(),
+        ),
+        (
+            "last cell at i32::MIN",
+            at(last, i32::MIN),
+            format!("cell {last} has position -2147483648,"),
+        ),
+        (
+            "cell 5 at i32::MAX",
+            at(5, i32::MAX),
+            "cell 5 has position 2147483647,".to_string(),
+        ),
+    ];
+    for (i, (name, bytes, log_says)) in cases.iter().enumerate() {
+        let file = format!("pos{i}.bin");
+        std::fs::write(dir.join(&file), bytes).unwrap();
+        refused(&mut srv, 0, name, &file, log_says);
+        let again = complete(&srv, 0, &p, 12);
+        assert_eq!(
+            (again.tokens, again.content),
+            (good_answer.tokens.clone(), good_answer.content.clone()),
+            "{name}: answer changed after the refusal"
+        );
+    }
+    let r = slot_action(&srv, 0, "restore", "good.bin");
+    assert_eq!(r.code, 200, "the unmodified file: {}", r.body);
+    srv.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Slot 1's greedy answers to PROMPT_B (prompt, then a continuation from its cache), with
 /// or without a restore of `file` into slot 0 in between.
 fn live_slot_run(srv: &mut Server, file: Option<&str>) -> (Completion, Completion) {

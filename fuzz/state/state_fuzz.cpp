@@ -10,9 +10,14 @@
 //   - an accepted state after which the next token's logits are not finite;
 //   - a poisoned cache: after the attempt and removal of the restored sequence, a fresh
 //     prompt into the emptied cache (or the next token of a live sequence in a busy cache)
-//     gives logits that differ from the same computation before any attempt.
+//     gives logits that differ from the same computation before any attempt;
+//   - orphan cells: after llama_memory_seq_rm(0, -1, -1), sequence 0's state is not the
+//     empty one (cells of the restored sequence that removing it did not remove).
 //
 //   state_fuzz MODEL.gguf SEED_DIR ITERATIONS RNG_SEED OUT_DIR [--write-seeds]
+//
+// STATE_FUZZ_REPLAY=DIR first restores every file of DIR (earlier findings) unmutated, into
+// an empty and into a busy cache, with the same checks.
 #include "llama.h"
 
 #include <cmath>
@@ -35,6 +40,7 @@ static std::string     g_out;
 static bytes           g_input; // the input being tried, written out on a finding
 static long            g_iter = -1;
 static size_t          g_set_result;
+static size_t          g_empty_size; // llama_state_seq_get_size of a sequence with no cells
 
 static void quiet(ggml_log_level, const char *, void *) {}
 
@@ -142,6 +148,7 @@ int main(int argc, char ** argv) {
     if (!getenv("STATE_FUZZ_VERBOSE")) {
         llama_log_set(quiet, nullptr);
     }
+    setvbuf(stdout, nullptr, _IOLBF, 0); // the replay lines land even if a finding aborts
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
@@ -181,6 +188,7 @@ int main(int argc, char ** argv) {
     decode(Q, 0, 1);
     const auto ref_busy = decode(T, (llama_pos) Q.size(), 1);
     llama_memory_seq_rm(g_mem, 1, (llama_pos) Q.size(), -1);
+    g_empty_size = llama_state_seq_get_size(g_ctx, 0);
     if (!finite(ref_empty) || !finite(ref_busy)) {
         finding("reference logits not finite");
     }
@@ -199,8 +207,8 @@ int main(int argc, char ** argv) {
 
     long accepted = 0, refused = 0;
     bool q_live = true;
-    for (long it = 0; it < iters; ++it) {
-        const bool busy = it % 2 == 1;
+    // one restore attempt of g_input into seq 0 of an empty or a busy cache, and the checks
+    auto attempt = [&](bool busy) {
         if (busy && !q_live) {
             decode(Q, 0, 1);
             q_live = true;
@@ -208,22 +216,21 @@ int main(int argc, char ** argv) {
             llama_memory_seq_rm(g_mem, 1, -1, -1);
             q_live = false;
         }
-        g_input = seeds[rng() % seeds.size()];
-        if (it % 16 != 0) { // every 16th input goes in unmutated
-            mutate(g_input, seeds, rng);
-        }
-        g_iter = it;
         const size_t r = g_set_result = llama_state_seq_set_data(g_ctx, g_input.data(), g_input.size(), 0);
         if (r > 0) {
             ++accepted;
             const llama_pos p = llama_memory_seq_pos_max(g_mem, 0);
-            if (p >= 0 && p + 2 < (llama_pos) cp.n_ctx / 2 && !finite(decode(T, p + 1, 0))) {
+            // 64-bit: an accepted state can hold a cell at INT32_MAX - 1 or more
+            if (p >= 0 && (int64_t) p + 2 < (int64_t) cp.n_ctx / 2 && !finite(decode(T, p + 1, 0))) {
                 finding("accepted state gives non-finite logits");
             }
         } else {
             ++refused;
         }
         llama_memory_seq_rm(g_mem, 0, -1, -1);
+        if (llama_state_seq_get_size(g_ctx, 0) != g_empty_size) {
+            finding("cells of the restored sequence survive llama_memory_seq_rm(seq, -1, -1)");
+        }
         if (busy) {
             if (!same(decode(T, (llama_pos) Q.size(), 1), ref_busy)) {
                 finding("busy cache: the live sequence's next token changed after a restore attempt");
@@ -235,6 +242,33 @@ int main(int argc, char ** argv) {
             }
             llama_memory_seq_rm(g_mem, 0, -1, -1);
         }
+    };
+
+    if (const char * dir = getenv("STATE_FUZZ_REPLAY")) {
+        long n = 0;
+        for (const auto & e : fs::directory_iterator(dir)) {
+            std::ifstream f(e.path(), std::ios::binary);
+            const bytes in((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+            for (const bool busy : { false, true }) {
+                g_input = in;
+                const long acc = accepted;
+                attempt(busy);
+                printf("state_fuzz: replay %s (%s cache): %s\n", e.path().filename().c_str(),
+                       busy ? "busy" : "empty", accepted > acc ? "accepted" : "refused");
+                ++n;
+            }
+        }
+        printf("state_fuzz: replayed %ld inputs from %s, 0 findings\n", n, dir);
+        accepted = refused = 0;
+    }
+
+    for (long it = 0; it < iters; ++it) {
+        g_input = seeds[rng() % seeds.size()];
+        if (it % 16 != 0) { // every 16th input goes in unmutated
+            mutate(g_input, seeds, rng);
+        }
+        g_iter = it;
+        attempt(it % 2 == 1);
     }
     printf("state_fuzz: %ld executions, %ld accepted, %ld refused, 0 findings\n", iters, accepted, refused);
     llama_free(g_ctx);

@@ -9,7 +9,19 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// A tool the tests run. The llama-* tools come from `TQ_LLAMA_BIN_DIR` when that is set
+/// (as for `tq`: scripts/sanitize-llama.sh points it at the ASan + UBSan build's
+/// llama-server and llama-perplexity), else from this target directory.
 pub fn bin(name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("TQ_LLAMA_BIN_DIR").filter(|_| name.starts_with("llama-")) {
+        let path = PathBuf::from(dir).join(name);
+        assert!(
+            path.exists(),
+            "{} does not exist (TQ_LLAMA_BIN_DIR)",
+            path.display()
+        );
+        return path;
+    }
     // Cargo builds this package's binaries (the llama-* tools) before its integration
     // tests; `tq` belongs to crates/tq and is built because that crate has integration
     // tests of its own, so a `cargo test --test X` that skips it finds no `tq`.

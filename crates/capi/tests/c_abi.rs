@@ -1,8 +1,12 @@
 //! Compiles crates/capi/tests/c/abi_test.c with the system C compiler (found through the
-//! `cc` crate), links it against the freshly built `libturboquant_capi.a`, runs it.
+//! `cc` crate), links it against the freshly built `libturboquant_capi.a`, runs it. Both
+//! child processes run under a time limit (support::run_for).
+
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use support::run_for;
 
 /// The newest `libturboquant*.a` next to this test executable (cargo builds the
 /// staticlib together with the rlib the test links).
@@ -44,25 +48,27 @@ fn c_program_links_and_round_trips() {
         .out_dir(&out)
         .get_compiler();
     let lib = staticlib();
-    let status = compiler
-        .to_command()
-        .arg("-std=c11")
-        .arg("-Wall")
-        .arg("-Werror")
-        .arg("-I")
-        .arg(root.join("../../ggml-ext/include"))
-        .arg(root.join("tests/c/abi_test.c"))
-        .arg(&lib)
-        .args(["-lpthread", "-ldl", "-lm", "-lrt", "-lutil", "-o"])
-        .arg(&exe)
-        .status()
-        .expect("C compiler did not start");
-    assert!(
-        status.success(),
-        "compiling/linking abi_test.c against {} failed",
-        lib.display()
+    let cc = run_for(
+        compiler
+            .to_command()
+            .arg("-std=c11")
+            .arg("-Wall")
+            .arg("-Werror")
+            .arg("-I")
+            .arg(root.join("../../ggml-ext/include"))
+            .arg(root.join("tests/c/abi_test.c"))
+            .arg(&lib)
+            .args(["-lpthread", "-ldl", "-lm", "-lrt", "-lutil", "-o"])
+            .arg(&exe),
+        300,
     );
-    let run = Command::new(&exe).output().unwrap();
+    assert!(
+        cc.status.success(),
+        "compiling/linking abi_test.c against {} failed:\n{}",
+        lib.display(),
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let run = run_for(&mut Command::new(&exe), 120);
     eprintln!(
         "{}{}",
         String::from_utf8_lossy(&run.stdout),
@@ -71,4 +77,20 @@ fn c_program_links_and_round_trips() {
     assert!(run.status.success(), "abi_test failed: {:?}", run.status);
     assert!(String::from_utf8_lossy(&run.stdout).contains("abi_test ok"));
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The limit has teeth: a child that outlives it is killed and fails the test, well before
+/// the child itself would have ended.
+#[test]
+fn a_child_past_its_time_limit_is_killed() {
+    let start = std::time::Instant::now();
+    let r = std::panic::catch_unwind(|| run_for(Command::new("sleep").arg("30"), 1));
+    let msg = r.expect_err("run_for returned for a child that outlived its limit");
+    let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("still running after 1 s, killed"), "{msg}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
 }

@@ -2,6 +2,8 @@
 //! function the staticlib defines is declared in the header, so a Rust export that C
 //! cannot see fails here. (A declared function Rust lacks fails to compile.)
 
+mod support;
+
 use std::process::Command;
 
 /// The newest staticlib of this crate next to this test executable: `deps/` holds it as
@@ -26,11 +28,12 @@ fn staticlib() -> std::path::PathBuf {
 #[test]
 fn every_defined_tq_symbol_is_in_the_header() {
     let lib = staticlib();
-    let out = Command::new("nm")
-        .args(["--defined-only", "--extern-only", "--format=posix"])
-        .arg(&lib)
-        .output()
-        .expect("nm (binutils) runs");
+    let out = support::run_for(
+        Command::new("nm")
+            .args(["--defined-only", "--extern-only", "--format=posix"])
+            .arg(&lib),
+        120,
+    );
     assert!(out.status.success(), "nm failed on {}", lib.display());
     let text = String::from_utf8_lossy(&out.stdout);
     let defined: Vec<&str> = text
