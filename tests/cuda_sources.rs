@@ -536,7 +536,7 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         for fa in ["gqa", "vec"] {
             assert!(
                 s.contains(&format!(
-                    "FLASH_ATTN_EXT turbo, TQ_CUDA_FA={fa}: 3 cases OK"
+                    "FLASH_ATTN_EXT turbo, TQ_CUDA_FA={fa}: 4 cases OK"
                 )),
                 "{s}"
             );
@@ -548,7 +548,7 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         );
         assert_eq!(code, 1, "a run on the wrong decode kernel must fail: {s}");
         assert!(
-            s.contains("TQ_CUDA_FA=gqa: rc=0, 3 OK, 0 failed or unsupported, kernel logged: vec"),
+            s.contains("TQ_CUDA_FA=gqa: rc=0, 4 OK, 0 failed or unsupported, kernel logged: vec"),
             "{s}"
         );
         // past the soft time limit the vec kernel's memcheck is skipped, and says so
