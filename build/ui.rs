@@ -67,9 +67,17 @@ fn npm_build(src: &Path, cache: &Path) -> Result<(), String> {
     // must not delete each other's node_modules; the first finished rename wins
     let work = cache.join(format!("work-{}", std::process::id()));
     let tmp = cache.join(format!("dist.tmp-{}", std::process::id()));
+    let res = npm_build_in(src, cache, &work, &tmp);
+    // a failed build leaves nothing behind either (node_modules is hundreds of MB)
     let _ = fs::remove_dir_all(&work);
     let _ = fs::remove_dir_all(&tmp);
-    fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
+    res
+}
+
+fn npm_build_in(src: &Path, cache: &Path, work: &Path, tmp: &Path) -> Result<(), String> {
+    let _ = fs::remove_dir_all(work);
+    let _ = fs::remove_dir_all(tmp);
+    fs::create_dir_all(work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
     let t = Instant::now();
     sh(
         &format!(
@@ -98,9 +106,7 @@ fn npm_build(src: &Path, cache: &Path) -> Result<(), String> {
             tmp.display()
         ));
     }
-    let _ = fs::remove_dir_all(&work);
-    if let Err(e) = fs::rename(&tmp, cache.join("dist")) {
-        let _ = fs::remove_dir_all(&tmp);
+    if let Err(e) = fs::rename(tmp, cache.join("dist")) {
         // another build finished first: its assets are the same sdist's
         if !cache.join("dist/index.html").exists() {
             return Err(format!("cannot keep the web UI: {e}"));
