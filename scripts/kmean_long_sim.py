@@ -150,10 +150,27 @@ for l in range(L):
         for v in variants:
             base, _, bal = v.partition("+")
             z = rng.standard_normal(k.shape)
-            if base == "rope-frame":
+            if base.startswith("rope-frame"):
                 mu = rot(k[:B], w, pos[:B], -1.0).mean(0)
-                x = k - rot(np.tile(mu, (T, 1)), w, pos)
+                r = int(base.partition(":")[2] or len(w))
+                ia, ib = pairs(w)
+                # the r pairs whose mean a fixed vector follows worst: energy of mu on the pair
+                # times the part of it RoPE spins away over the cache's T positions
+                spin = 1 - np.abs(np.exp(1j * np.outer(pos, w)).mean(0)) ** 2
+                sel = np.argsort(-(mu[ia] ** 2 + mu[ib] ** 2) * spin)[:r]
+                keep = np.zeros(len(w), bool); keep[sel] = True
+                mu_s = mu.copy(); mu_s[ia[~keep]] = 0; mu_s[ib[~keep]] = 0
+                m = fit_map(kbar, w, B, T)  # the fixed fitted mean on every other channel
+                m[ia[keep]] = 0; m[ib[keep]] = 0
+                x = k - rot(np.tile(mu_s, (T, 1)), w, pos) - m
                 s = np.ones(d)
+                if bal:
+                    nql = min(B, 64)
+                    rk = np.maximum(tie((x[:B] ** 2).mean(0), w), 1e-20)
+                    rq = np.maximum(tie((q[:B] ** 2).mean((0, 1)), w), 1e-20)
+                    s = np.clip(rq / rk, 1e-12, 1e12) ** 0.25
+                    s = np.clip(s * np.sqrt(rk.sum() / (s * s * rk).sum()), 1 / 8, 8)
+                    x = s * x
             else:
                 m = means[base]
                 s = np.ones(d)

@@ -124,6 +124,88 @@ static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t 
 }
 
 
+/* GQA: the query heads that share one K/V head (up to TQ_FA_GQA_MAX of them, head sizes up
+   to TQ_FA_GQA_DMAX) take each tile together. The tile's K and V rows are decoded to f32
+   once, and every head then scores the decoded keys and adds its weighted values, so a
+   group of g heads decodes each row once instead of g times (the decode, not the dot
+   product, is most of a turbo key's cost, and nearly all of a trellis key's). */
+#define TQ_FA_GQA_MAX 8
+#define TQ_FA_GQA_DMAX 256
+
+/* The heads' state: query (f32, DK), ALiBi slope, running maximum, sum and accumulator. */
+typedef struct {
+    const float *q;
+    float slope, M, S;
+    float *VKQ;
+} tq_ggml_fa_head_t;
+
+/* Heads hd[0..g) over keys [ic0, ic1), sharing the mask row mp (unscaled; each head applies
+   its slope). Per head the arithmetic is tq_ggml_fa_row's with the decode done apart from
+   the dot product and the accumulation. */
+static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t v_dec, const char *k, size_t nbk1,
+                                          const char *v, size_t nbv1, tq_ggml_fa_head_t *hd, int g, int64_t DK,
+                                          int64_t DV, const ggml_fp16_t *mp, float scale, float softcap, int64_t ic0,
+                                          int64_t ic1) {
+    float kf[TQ_FA_TILE * TQ_FA_GQA_DMAX], vf[TQ_FA_TILE * TQ_FA_GQA_DMAX];
+    float s[TQ_FA_TILE], mv[TQ_FA_TILE];
+    int64_t ic = ic0;
+    while (ic < ic1) {
+        int n = 0;
+        int64_t start = ic;
+        for (; ic < ic1 && n < TQ_FA_TILE; ++ic) {
+            const float m = mp ? TQ_FA_FP16_TO_FP32(mp[ic]) : 0.0f;
+            if (m == -INFINITY) {
+                if (n > 0) break;
+                start = ic + 1;
+                continue;
+            }
+            mv[n++] = m;
+        }
+        if (n == 0) break;
+        for (int i = 0; i < n; ++i) {
+            k_dec(k + (start + i) * nbk1, kf + i * DK, DK);
+            v_dec(v + (start + i) * nbv1, vf + i * DV, DV);
+        }
+        for (int h = 0; h < g; ++h) {
+            tq_ggml_fa_head_t *H = &hd[h];
+            float tile_max = -INFINITY;
+            for (int i = 0; i < n; ++i) {
+                float x;
+#ifdef GGML_VEC_MAD_UNROLL
+                ggml_vec_dot_f32((int) DK, &x, 0, kf + i * DK, 0, H->q, 0, 1);
+#else
+                x = 0.0f;
+                for (int64_t d = 0; d < DK; ++d) x += kf[i * DK + d] * H->q[d];
+#endif
+                x *= scale;
+                if (softcap != 0.0f) x = softcap * tanhf(x);
+                x += H->slope * mv[i];
+                s[i] = x;
+                tile_max = x > tile_max ? x : tile_max;
+            }
+            float ms = 1.0f;
+            if (tile_max > H->M) {
+                ms = expf(H->M - tile_max);
+                H->M = tile_max;
+                for (int64_t d = 0; d < DV; ++d) H->VKQ[d] *= ms;
+            }
+#ifdef GGML_VEC_MAD_UNROLL
+            const float sum = (float) ggml_vec_soft_max_f32(n, s, s, H->M);
+            for (int i = 0; i < n; ++i) ggml_vec_mad_f32((int) DV, H->VKQ, vf + i * DV, s[i]);
+#else
+            float sum = 0.0f;
+            for (int i = 0; i < n; ++i) {
+                s[i] = expf(s[i] - H->M);
+                sum += s[i];
+                for (int64_t d = 0; d < DV; ++d) H->VKQ[d] += s[i] * vf[i * DV + d];
+            }
+#endif
+            H->S = H->S * ms + sum;
+        }
+    }
+}
+
+
 #ifdef __cplusplus
 /* The patch's hook at the top of ggml-cpu/ops.cpp's
    ggml_compute_forward_flash_attn_ext_f16_one_chunk (so only inside ggml-cpu, where
@@ -135,6 +217,36 @@ static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t 
    Everything around the key loop (ALiBi slope, sinks, split-KV partials, the final
    normalisation and the permuted store) is upstream's, line for line. Not under use_ref
    (test-backend-ops' reference): that keeps upstream's own loop. */
+/* What the upstream loop does after a row's keys: the sinks (first kv-chunk only), then the
+   split-KV partial [M, S, VKQ] or the normalised, permuted output row. */
+static inline void tq_ggml_fa_store(struct ggml_tensor *dst, const struct ggml_tensor *sinks, int ir, int iq1, int iq2,
+                                    int iq3, int64_t DV, int64_t ic_start, float M, float S, float *VKQ32,
+                                    float *partials, int64_t partial_stride) {
+    if (sinks && ic_start == 0) {
+        const float s = ((float *) ((char *) sinks->data))[iq2];
+        float ms = 1.0f, vs = 1.0f;
+        if (s > M) {
+            ms = expf(M - s);
+            M = s;
+            ggml_vec_scale_f32(DV, VKQ32, ms);
+        } else {
+            vs = expf(s - M);
+        }
+        S = S * ms + vs;
+    }
+    if (partials) {
+        float *partial = partials + ir * partial_stride; /* [M, S, VKQ[DV]] */
+        partial[0] = M;
+        partial[1] = S;
+        memcpy(partial + 2, VKQ32, DV * sizeof(float));
+    } else {
+        const float S_inv = S == 0.0f ? 0.0f : 1.0f / S;
+        ggml_vec_scale_f32(DV, VKQ32, S_inv);
+        /* permute(0, 2, 1, 3) */
+        memcpy((char *) dst->data + (iq3 * dst->ne[2] * dst->ne[1] + iq2 + iq1 * dst->ne[1]) * dst->nb[1], VKQ32, dst->nb[1]);
+    }
+}
+
 static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params, struct ggml_tensor *dst, int ir0,
                                        int ir1, int64_t ic_start, int64_t ic_end, float *partials,
                                        int64_t partial_stride) {
@@ -165,18 +277,19 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
     const ggml_vec_dot_t kq_vec_dot = ggml_get_type_traits_cpu(k->type)->vec_dot;
     GGML_ASSERT(q_to_vec_dot && "fattn: unsupported K-type");
 
+    /* GQA groups (tq_ggml_fa_rows_shared): the rk2 heads of one K/V head, for one query token,
+       rows ir, ir + neq1, ... when all of them are in this chunk and share the mask row */
+    const ggml_to_float_t k_dec = ggml_get_type_traits(k->type)->to_float, v_dec = ggml_get_type_traits(v->type)->to_float;
+    const int64_t g = rk2;
+    const int shared = fa.dot && tq_ggml_fa_gqa() && g > 1 && g <= TQ_FA_GQA_MAX && rv2 == rk2 && rv3 == rk3 &&
+                       DK <= TQ_FA_GQA_DMAX && DV <= TQ_FA_GQA_DMAX && k_dec && v_dec &&
+                       k_vec_dot_type == GGML_TYPE_F32 && q->type == GGML_TYPE_F32 && (!mask || mask->ne[2] == 1);
+
     for (int ir = ir0; ir < ir1; ++ir) {
         const int iq3 = ir / (neq2 * neq1);
         const int iq2 = (ir - iq3 * neq2 * neq1) / neq1;
         const int iq1 = (ir - iq3 * neq2 * neq1 - iq2 * neq1);
         const uint32_t h = iq2;
-        const float slope = (max_bias > 0.0f) ? h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2 * (h - n_head_log2) + 1) : 1.0f;
-
-        float S = 0.0f, M = -INFINITY;
-        float *VKQ32 = (float *) params->wdata + params->ith * (1 * DK + 2 * DV + CACHE_LINE_SIZE_F32);
-        void *Q_q = VKQ32 + 2 * DV;
-        memset(VKQ32, 0, DV * sizeof(float));
-
         const ggml_fp16_t *mp = mask ? (ggml_fp16_t *) ((char *) mask->data + iq1 * mask->nb[1] + (iq2 % mask->ne[2]) * mask->nb[2] +
                                                         (iq3 % mask->ne[3]) * mask->nb[3])
                                      : NULL;
@@ -184,6 +297,37 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         const int iv3 = iq3 / rv3, iv2 = iq2 / rv2;
         const char *k_head = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
         const char *v_head = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
+
+        if (shared) {
+            const int64_t lead = ir - (int64_t) (iq2 % g) * neq1;
+            if (lead >= ir0 && lead + (g - 1) * neq1 < ir1) {
+                if (lead != ir) continue; /* done with its group's first head */
+                float acc[TQ_FA_GQA_MAX * TQ_FA_GQA_DMAX];
+                tq_ggml_fa_head_t hd[TQ_FA_GQA_MAX];
+                for (int j = 0; j < g; ++j) {
+                    const uint32_t hj = iq2 + j;
+                    hd[j].q = (const float *) ((char *) q->data + (iq1 * q->nb[1] + hj * q->nb[2] + iq3 * q->nb[3]));
+                    hd[j].slope = (max_bias > 0.0f) ? hj < n_head_log2 ? powf(m0, hj + 1) : powf(m1, 2 * (hj - n_head_log2) + 1) : 1.0f;
+                    hd[j].M = -INFINITY;
+                    hd[j].S = 0.0f;
+                    hd[j].VKQ = acc + j * DV;
+                    memset(hd[j].VKQ, 0, DV * sizeof(float));
+                }
+                tq_ggml_fa_rows_shared(k_dec, v_dec, k_head, k->nb[1], v_head, v->nb[1], hd, (int) g, DK, DV, mp, scale,
+                                       logit_softcap, ic_start, ic_end);
+                for (int j = 0; j < g; ++j) {
+                    tq_ggml_fa_store(dst, sinks, ir + j * (int) neq1, iq1, iq2 + j, iq3, DV, ic_start, hd[j].M, hd[j].S,
+                                     hd[j].VKQ, partials, partial_stride);
+                }
+                continue;
+            }
+        }
+
+        const float slope = (max_bias > 0.0f) ? h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2 * (h - n_head_log2) + 1) : 1.0f;
+        float S = 0.0f, M = -INFINITY;
+        float *VKQ32 = (float *) params->wdata + params->ith * (1 * DK + 2 * DV + CACHE_LINE_SIZE_F32);
+        void *Q_q = VKQ32 + 2 * DV;
+        memset(VKQ32, 0, DV * sizeof(float));
 
         const float *pq = (const float *) ((char *) q->data + (iq1 * q->nb[1] + iq2 * q->nb[2] + iq3 * q->nb[3]));
         q_to_vec_dot(pq, Q_q, DK);
@@ -213,34 +357,20 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
                 S = S * ms + vs;
             }
         }
-
-        /* sinks - only on the first kv-chunk */
-        if (sinks && ic_start == 0) {
-            const float s = ((float *) ((char *) sinks->data))[h];
-            float ms = 1.0f, vs = 1.0f;
-            if (s > M) {
-                ms = expf(M - s);
-                M = s;
-                ggml_vec_scale_f32(DV, VKQ32, ms);
-            } else {
-                vs = expf(s - M);
-            }
-            S = S * ms + vs;
-        }
-
-        if (partials) {
-            float *partial = partials + ir * partial_stride; /* [M, S, VKQ[DV]] */
-            partial[0] = M;
-            partial[1] = S;
-            memcpy(partial + 2, VKQ32, DV * sizeof(float));
-        } else {
-            const float S_inv = S == 0.0f ? 0.0f : 1.0f / S;
-            ggml_vec_scale_f32(DV, VKQ32, S_inv);
-            /* permute(0, 2, 1, 3) */
-            memcpy((char *) dst->data + (iq3 * dst->ne[2] * dst->ne[1] + iq2 + iq1 * dst->ne[1]) * dst->nb[1], VKQ32, dst->nb[1]);
-        }
+        tq_ggml_fa_store(dst, sinks, ir, iq1, iq2, iq3, DV, ic_start, M, S, VKQ32, partials, partial_stride);
     }
     return 1;
+}
+
+/* The patch's hook in the split-KV path of ggml_compute_forward_flash_attn_ext_f16, which
+   calls the chunk function once per query head: all heads [0, n_head) over this thread's
+   keys [ic_start, ic_end) in one call, so the heads of a GQA group meet in one call and
+   share its tiles. Returns 0 (upstream's per-head loop runs) where tq_ggml_fa_one_chunk
+   does not apply. */
+static inline int tq_ggml_fa_split_heads(const struct ggml_compute_params *params, struct ggml_tensor *dst,
+                                         int64_t n_head, int64_t ic_start, int64_t ic_end, float *partials,
+                                         int64_t partial_stride) {
+    return tq_ggml_fa_one_chunk(params, dst, 0, (int) n_head, ic_start, ic_end, partials, partial_stride);
 }
 #endif /* __cplusplus */
 
