@@ -66,6 +66,25 @@ static inline tq_ggml_fa_t tq_ggml_fa_kernels(enum ggml_type k_type, enum ggml_t
     return fa;
 }
 
+/* The next run of up to TQ_FA_TILE keys from *ic (before ic1) that the mask row mp does not
+   exclude: their mask values times slope go to mv, the run starts at *start, *ic moves past
+   it. Returns the run's length, 0 when no key is left. */
+static inline int tq_ggml_fa_next_run(const ggml_fp16_t *mp, float slope, int64_t *ic, int64_t ic1, int64_t *start,
+                                      float *mv) {
+    int n = 0;
+    *start = *ic;
+    for (; *ic < ic1 && n < TQ_FA_TILE; ++*ic) {
+        const float m = mp ? slope * TQ_FA_FP16_TO_FP32(mp[*ic]) : 0.0f;
+        if (m == -INFINITY) {
+            if (n > 0) break;
+            *start = *ic + 1;
+            continue;
+        }
+        mv[n++] = m;
+    }
+    return n;
+}
+
 /* One query row q (f32, DK values) over keys [ic0, ic1): k/v point at key/value row 0 of
    this head, rows nbk1/nbv1 bytes apart. mp: the query's f16 mask row (or NULL), scaled by
    slope (ALiBi). scale: the KQ scale (already divided by softcap when softcap != 0).
@@ -75,21 +94,9 @@ static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t 
                                   const ggml_fp16_t *mp, float slope, float scale, float softcap, int64_t ic0,
                                   int64_t ic1, float *VKQ, float *M, float *S) {
     float s[TQ_FA_TILE], mv[TQ_FA_TILE];
-    int64_t ic = ic0;
-    while (ic < ic1) {
-        /* the next run of up to TQ_FA_TILE keys the mask does not exclude */
-        int n = 0;
-        int64_t start = ic;
-        for (; ic < ic1 && n < TQ_FA_TILE; ++ic) {
-            const float m = mp ? slope * TQ_FA_FP16_TO_FP32(mp[ic]) : 0.0f;
-            if (m == -INFINITY) {
-                if (n > 0) break;
-                start = ic + 1;
-                continue;
-            }
-            mv[n++] = m;
-        }
-        if (n == 0) break;
+    int64_t ic = ic0, start;
+    int n;
+    while ((n = tq_ggml_fa_next_run(mp, slope, &ic, ic1, &start, mv)) > 0) {
 
         fa->dot(k + start * nbk1, nbk1, n, q, DK, s);
         float tile_max = -INFINITY;
@@ -148,20 +155,9 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
                                           int64_t ic1) {
     float kf[TQ_FA_TILE * TQ_FA_GQA_DMAX], vf[TQ_FA_TILE * TQ_FA_GQA_DMAX];
     float s[TQ_FA_TILE], mv[TQ_FA_TILE];
-    int64_t ic = ic0;
-    while (ic < ic1) {
-        int n = 0;
-        int64_t start = ic;
-        for (; ic < ic1 && n < TQ_FA_TILE; ++ic) {
-            const float m = mp ? TQ_FA_FP16_TO_FP32(mp[ic]) : 0.0f;
-            if (m == -INFINITY) {
-                if (n > 0) break;
-                start = ic + 1;
-                continue;
-            }
-            mv[n++] = m;
-        }
-        if (n == 0) break;
+    int64_t ic = ic0, start;
+    int n;
+    while ((n = tq_ggml_fa_next_run(mp, 1.0f, &ic, ic1, &start, mv)) > 0) {
         for (int i = 0; i < n; ++i) {
             k_dec(k + (start + i) * nbk1, kf + i * DK, DK);
             v_dec(v + (start + i) * nbv1, vf + i * DV, DV);
