@@ -11,7 +11,7 @@
 #       crashes, aborts, double frees and poisoning are found, out-of-bounds reads inside
 #       llama are not)
 #
-# Needs python3 with numpy for the model (TQ_PYTHON, default python3); gguf comes from the
+# Needs python3 with numpy and pyyaml for the model (TQ_PYTHON, default python3); gguf comes from the
 # llama.cpp tree. A finding aborts with the input in target/sanitize/state-findings/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,8 @@ root=$PWD
 iters=${1:-20000}
 seed=${2:-1}
 py=${TQ_PYTHON:-python3}
+"$py" -c 'import numpy, yaml' 2>/dev/null ||
+  { echo "fuzz-state: $py lacks numpy or pyyaml (the random model and gguf-py need them): pip install numpy pyyaml, or set TQ_PYTHON to a python that has it" >&2; exit 1; }
 cache=${TQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/turboquant}
 export CCACHE_DIR=${CCACHE_DIR:-$cache/ccache} CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
 build=$root/target/sanitize/llama

@@ -14,8 +14,12 @@
  * so sinks and the split-KV reduction work unchanged. Keys whose mask is -INF are skipped,
  * as upstream skips them; results differ from the per-key loop only in float rounding.
  *
- * Used from ggml-cpu/ops.cpp (the patch adds one call, tq_ggml_fa_one_chunk at the end of
- * this file), after ggml-cpu's vec.h and simd-mappings.h, whose fp16 conversion and vectorized exp it then uses (without them it
+ * With GQA, the query heads of one K/V head take each tile together and decode it once
+ * (tq_ggml_fa_rows_shared; TQ_FA_GQA=0 or tq_ggml_set_fa_gqa(0) turns that off).
+ *
+ * Used from ggml-cpu/ops.cpp (the patch adds two calls, tq_ggml_fa_one_chunk and
+ * tq_ggml_fa_split_heads at the end of this file), after ggml-cpu's vec.h and
+ * simd-mappings.h, whose fp16 conversion and vectorized exp it then uses (without them it
  * falls back to ggml_fp16_to_fp32 and expf). TQ_FA_TILE=0 in the environment,
  * or tq_ggml_set_fa_tile(0), turns it off.
  */
