@@ -137,11 +137,70 @@ static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t 
 
 /* GQA: the query heads that share one K/V head (up to TQ_FA_GQA_MAX of them, head sizes up
    to TQ_FA_GQA_DMAX) take each tile together. The tile's K and V rows are decoded to f32
-   once, and every head then scores the decoded keys and adds its weighted values, so a
+   once, and every head then scores the decoded keys and adds its weighted values (the tile
+   loops above), so a
    group of g heads decodes each row once instead of g times (the decode, not the dot
    product, is most of a turbo key's cost, and nearly all of a trellis key's). */
 #define TQ_FA_GQA_MAX 8
 #define TQ_FA_GQA_DMAX 256
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TQ_FA_AVX2 1
+#endif
+
+/* s[i] = dot(row i of kf, q) for the tile's n rows of DK floats: four rows per pass with the
+   query loaded once per pass and the four horizontal sums done together (AVX2, DK a
+   multiple of 8), else one row at a time. */
+static inline void tq_ggml_fa_tile_dots(const float *kf, int n, int64_t DK, const float *q, float *s) {
+    int i = 0;
+#ifdef TQ_FA_AVX2
+    if (DK % 8 == 0) {
+        for (; i + 4 <= n; i += 4) {
+            const float *r = kf + (int64_t) i * DK;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < DK; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + d);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(r + d), qv, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(r + DK + d), qv, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 2 * DK + d), qv, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 3 * DK + d), qv, a3);
+            }
+            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            _mm_storeu_ps(s + i, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        }
+    }
+#endif
+    for (; i < n; ++i) {
+        float x = 0.0f;
+        for (int64_t d = 0; d < DK; ++d) x += kf[(int64_t) i * DK + d] * q[d];
+        s[i] = x;
+    }
+}
+
+/* VKQ[0..DV) += sum_i w[i] * (row i of vf) over the tile's n rows: 64 outputs at a time
+   stay in registers across the rows (AVX2), so the accumulator is read and written once per
+   tile instead of once per row. */
+static inline void tq_ggml_fa_tile_mads(float *VKQ, const float *vf, const float *w, int n, int64_t DV) {
+    int64_t d0 = 0;
+#ifdef TQ_FA_AVX2
+    for (; d0 + 64 <= DV; d0 += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(VKQ + d0 + 8 * j);
+        for (int i = 0; i < n; ++i) {
+            const __m256 wi = _mm256_broadcast_ss(w + i);
+            const float *x = vf + (int64_t) i * DV + d0;
+            for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(x + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(VKQ + d0 + 8 * j, a[j]);
+    }
+#endif
+    for (; d0 < DV; ++d0) {
+        float acc = VKQ[d0];
+        for (int i = 0; i < n; ++i) acc += w[i] * vf[(int64_t) i * DV + d0];
+        VKQ[d0] = acc;
+    }
+}
 
 /* The heads' state: query (f32, DK), ALiBi slope, running maximum, sum and accumulator. */
 typedef struct {
@@ -169,15 +228,9 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
         for (int h = 0; h < g; ++h) {
             tq_ggml_fa_head_t *H = &hd[h];
             float tile_max = -INFINITY;
+            tq_ggml_fa_tile_dots(kf, n, DK, H->q, s);
             for (int i = 0; i < n; ++i) {
-                float x;
-#ifdef GGML_VEC_MAD_UNROLL
-                ggml_vec_dot_f32((int) DK, &x, 0, kf + i * DK, 0, H->q, 0, 1);
-#else
-                x = 0.0f;
-                for (int64_t d = 0; d < DK; ++d) x += kf[i * DK + d] * H->q[d];
-#endif
-                x *= scale;
+                float x = s[i] * scale;
                 if (softcap != 0.0f) x = softcap * tanhf(x);
                 x += H->slope * mv[i];
                 s[i] = x;
@@ -191,15 +244,14 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
             }
 #ifdef GGML_VEC_MAD_UNROLL
             const float sum = (float) ggml_vec_soft_max_f32(n, s, s, H->M);
-            for (int i = 0; i < n; ++i) ggml_vec_mad_f32((int) DV, H->VKQ, vf + i * DV, s[i]);
 #else
             float sum = 0.0f;
             for (int i = 0; i < n; ++i) {
                 s[i] = expf(s[i] - H->M);
                 sum += s[i];
-                for (int64_t d = 0; d < DV; ++d) H->VKQ[d] += s[i] * vf[i * DV + d];
             }
 #endif
+            tq_ggml_fa_tile_mads(H->VKQ, vf, s, n, DV);
             H->S = H->S * ms + sum;
         }
     }
