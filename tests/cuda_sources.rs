@@ -132,9 +132,27 @@ fn backend_tests_cover_every_pair_type() {
 
 #[test]
 fn cuda_backend_claims_and_implements_the_trellis_types() {
-    // every op the CUDA backend claims for a turbo type, it claims for all five (there is no
-    // scalar-only case list left in tq-ggml.h to leave the trellis types out with)
+    // every op the CUDA backend claims for a turbo type, it claims for all five: no
+    // supports_op hook (ggml-cuda.cu) nor the FA type list (fattn.cu) may name the
+    // scalar-only macros any more
+    let patch = read("ggml-ext/patches/0103-ggml-cuda.patch");
+    for file in ["ggml-cuda.cu", "fattn.cu"] {
+        let section = patch
+            .split("\ndiff ")
+            .find(|s| s.contains(&format!("+++ b/ggml/src/ggml-cuda/{file}\n")))
+            .unwrap_or_else(|| panic!("the patch does not touch {file}"));
+        for l in section.lines().filter(|l| l.starts_with('+')) {
+            assert!(
+                !l.contains("TQ_GGML_IS_TURBO_SCALAR") && !l.contains("TQ_GGML_SCALAR_CASES"),
+                "{file}: a CUDA hook still leaves the trellis types out: {l}"
+            );
+        }
+    }
     let glue = read("ggml-ext/cuda/tq-cuda-ggml.cuh");
+    assert!(
+        !glue.contains("TQ_GGML_IS_TURBO_SCALAR"),
+        "tq-cuda-ggml.cuh"
+    );
     assert!(glue.contains("TQ_TCQ_CONVERT_CASES(TEMPLATE)"));
     assert!(glue.contains("TQ_TCQ_GET_ROWS_CASES"));
     // the encoders and decoders each dispatch table needs

@@ -15,7 +15,7 @@
  * as upstream skips them; results differ from the per-key loop only in float rounding.
  *
  * With GQA, the query heads of one K/V head take each tile together and decode it once
- * (tq_ggml_fa_rows_shared; TQ_FA_GQA=0 or tq_ggml_set_fa_gqa(0) turns that off).
+ * (tq_ggml_fa_rows_shared; TQ_FA_TILE=1 or tq_ggml_set_fa_tile(1) keeps tiles per head).
  *
  * Used from ggml-cpu/ops.cpp (the patch adds two calls, tq_ggml_fa_one_chunk and
  * tq_ggml_fa_split_heads at the end of this file), after ggml-cpu's vec.h and
@@ -333,7 +333,7 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
        rows ir, ir + neq1, ... when all of them are in this chunk and share the mask row */
     const ggml_to_float_t k_dec = ggml_get_type_traits(k->type)->to_float, v_dec = ggml_get_type_traits(v->type)->to_float;
     const int64_t g = rk2;
-    const int shared = fa.dot && tq_ggml_fa_gqa() && g > 1 && g <= TQ_FA_GQA_MAX && rv2 == rk2 && rv3 == rk3 &&
+    const int shared = fa.dot && tq_ggml_fa_tile() >= 2 && g > 1 && g <= TQ_FA_GQA_MAX && rv2 == rk2 && rv3 == rk3 &&
                        DK <= TQ_FA_GQA_DMAX && DV <= TQ_FA_GQA_DMAX && k_dec && v_dec &&
                        k_vec_dot_type == GGML_TYPE_F32 && q->type == GGML_TYPE_F32 && (!mask || mask->ne[2] == 1);
 

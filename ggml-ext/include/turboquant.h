@@ -148,15 +148,10 @@ void tq_ggml_mad_rows_turbo3(const void *x, size_t stride, int64_t nrows, const 
 void tq_ggml_mad_rows_turbo4(const void *x, size_t stride, int64_t nrows, const float *w, float *y,
                              int64_t k);
 
-/* Whether ggml's CPU flash attention takes the tiled decode path (tq-ggml-fa.h): 1 unless
-   TQ_FA_TILE=0 is in the environment (read once) or tq_ggml_set_fa_tile changed it. */
+/* ggml's CPU flash-attention decode (tq-ggml-fa.h): 0 per key, 1 tiles per query head, 2 tiles
+   shared by a GQA group (default); TQ_FA_TILE=0/1 (read once) or tq_ggml_set_fa_tile sets it. */
 int tq_ggml_fa_tile(void);
 void tq_ggml_set_fa_tile(int on);
-/* Whether the tiled path decodes each K/V tile once for all the query heads of a GQA group
-   (tq-ggml-fa.h): 1 unless TQ_FA_GQA=0 is in the environment (read once) or
-   tq_ggml_set_fa_gqa changed it. */
-int tq_ggml_fa_gqa(void);
-void tq_ggml_set_fa_gqa(int on);
 
 /* --- trellis-coded types turbo3_tcq / turbo2_tcq (docs/TCQ.md) ---
    64 values per block: u16 d (fp16 scale) + a circular string of 64*k trellis bits

@@ -282,18 +282,16 @@ extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64
         compute(c.ctx, a);
         return decode(a);
     };
-    const int was_tile = tq_ggml_fa_tile(), was_gqa = tq_ggml_fa_gqa();
-    tq_ggml_set_fa_tile(1);
-    tq_ggml_set_fa_gqa(1);
+    const int was_tile = tq_ggml_fa_tile();
+    tq_ggml_set_fa_tile(2);
     // the 3 query heads of each K/V head share the tiles; where the type's fused tile kernels
     // sum in ggml_vec_dot_f32's order this is bit-identical to per-head tiles
     const auto shared = attn(k, v);
-    tq_ggml_set_fa_gqa(0);
+    tq_ggml_set_fa_tile(1);
     const auto tiled = attn(k, v);  // every head decodes its own tiles
     tq_ggml_set_fa_tile(0);
     const auto per_key = attn(k, v);
     tq_ggml_set_fa_tile(was_tile);
-    tq_ggml_set_fa_gqa(was_gqa);
     const auto ref = attn(as_ref(k), as_ref(v));
     const char * kn = ggml_type_name((ggml_type) k_type), * vn = ggml_type_name((ggml_type) v_type);
     const struct { const char * name; const std::vector<float> & out; } paths[] = { { "shared", shared }, { "tiled", tiled } };

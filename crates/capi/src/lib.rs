@@ -396,49 +396,34 @@ ggml_tile_hooks!(
     tq_ggml_mad_rows_turbo4
 );
 
-/// A switch read once from the environment (on unless `name=0`), overridable at run time:
-/// `cell` holds 0 (off), 1 (on) or u8::MAX (not read yet).
-fn env_switch(cell: &AtomicU8, name: &str) -> c_int {
-    match cell.load(Ordering::Relaxed) {
-        0 => 0,
-        1 => 1,
+/// The tiled flash-attention decode path (tq-ggml-fa.h): 0 off (ggml's per-key loop), 1
+/// tiles per query head, 2 tiles shared by the query heads of a GQA group (the default).
+/// Read once from `TQ_FA_TILE` (`0`, `1`; anything else or unset is 2), unless
+/// [`tq_ggml_set_fa_tile`] said otherwise.
+#[no_mangle]
+pub extern "C" fn tq_ggml_fa_tile() -> c_int {
+    match FA_TILE.load(Ordering::Relaxed) {
+        v @ 0..=2 => v as c_int,
         _ => {
-            let on = !matches!(std::env::var(name).as_deref(), Ok("0"));
-            cell.store(on as u8, Ordering::Relaxed);
-            on as c_int
+            let v = match std::env::var("TQ_FA_TILE").as_deref() {
+                Ok("0") => 0,
+                Ok("1") => 1,
+                _ => 2,
+            };
+            FA_TILE.store(v, Ordering::Relaxed);
+            v as c_int
         }
     }
 }
 
-/// Whether flash attention takes the tiled decode path: 1 unless `TQ_FA_TILE=0`
-/// is in the environment (read once) or [`tq_ggml_set_fa_tile`] said otherwise.
-#[no_mangle]
-pub extern "C" fn tq_ggml_fa_tile() -> c_int {
-    env_switch(&FA_TILE, "TQ_FA_TILE")
-}
-
-/// Turns the tiled flash-attention decode path on (non-zero) or off, overriding
-/// `TQ_FA_TILE` (for tests and benchmarks comparing the two).
+/// Sets the tiled decode level (0, 1 or 2 as [`tq_ggml_fa_tile`]; values above 2 mean 2,
+/// below 0 mean 0), overriding `TQ_FA_TILE` (for tests and benchmarks comparing them).
 #[no_mangle]
 pub extern "C" fn tq_ggml_set_fa_tile(on: c_int) {
-    FA_TILE.store((on != 0) as u8, Ordering::Relaxed);
-}
-
-/// Whether the tiled decode shares each K/V tile's decode among the query heads of a
-/// GQA group: 1 unless `TQ_FA_GQA=0` (read once) or [`tq_ggml_set_fa_gqa`] said otherwise.
-#[no_mangle]
-pub extern "C" fn tq_ggml_fa_gqa() -> c_int {
-    env_switch(&FA_GQA, "TQ_FA_GQA")
-}
-
-/// Turns the shared GQA tile decode on (non-zero) or off, overriding `TQ_FA_GQA`.
-#[no_mangle]
-pub extern "C" fn tq_ggml_set_fa_gqa(on: c_int) {
-    FA_GQA.store((on != 0) as u8, Ordering::Relaxed);
+    FA_TILE.store(on.clamp(0, 2) as u8, Ordering::Relaxed);
 }
 
 static FA_TILE: AtomicU8 = AtomicU8::new(u8::MAX);
-static FA_GQA: AtomicU8 = AtomicU8::new(u8::MAX);
 
 /// `ggml_validate_row_data`: 1 if `nbytes` is a whole number of blocks and
 /// every block scale is a finite, non-negative fp16; else 0 (also for an
