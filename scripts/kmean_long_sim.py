@@ -165,7 +165,6 @@ for l in range(L):
                 x = k - rot(np.tile(mu_s, (T, 1)), w, pos) - m
                 s = np.ones(d)
                 if bal:
-                    nql = min(B, 64)
                     rk = np.maximum(tie((x[:B] ** 2).mean(0), w), 1e-20)
                     rq = np.maximum(tie((q[:B] ** 2).mean((0, 1)), w), 1e-20)
                     s = np.clip(rq / rk, 1e-12, 1e12) ** 0.25

@@ -7,7 +7,7 @@ pub mod slots;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A tool the tests run. The llama-* tools come from `TQ_LLAMA_BIN_DIR` when that is set
 /// (as for `tq`: scripts/sanitize-llama.sh points it at the ASan + UBSan build's
@@ -109,49 +109,11 @@ pub fn run_limited(cmd: &mut Command, limit: Duration, what: &str) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// Runs `cmd` to completion, capturing its output; kills it and panics (with the output
-/// so far) after `secs` seconds.
-pub fn run_for(cmd: &mut Command, secs: u64) -> Output {
-    use std::io::Read;
-    use std::process::Stdio;
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    // drain both pipes on threads so that a chatty tool never blocks on a full pipe
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = r.read_to_end(&mut v);
-            v
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().unwrap()));
-    let err = drain(Box::new(child.stderr.take().unwrap()));
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
-            let _ = child.wait();
-            let e = err.join().unwrap_or_default();
-            panic!(
-                "{cmd:?} still running after {secs} s, killed; stderr tail:\n{}",
-                String::from_utf8_lossy(&e[e.len().saturating_sub(4000)..])
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    Output {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-    }
-}
+/// `run_for(cmd, secs)`: runs `cmd` to completion with its output captured, killed with a
+/// panic after `secs` seconds. One definition for both crates' tests (the capi crate's).
+#[path = "../../crates/capi/tests/support/mod.rs"]
+mod proc_limit;
+pub use proc_limit::run_for;
 
 pub fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
