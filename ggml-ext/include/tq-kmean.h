@@ -150,9 +150,24 @@ static inline ggml_tensor * tq_kbal_tie_pairs(ggml_context * ctx, ggml_tensor * 
     return ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, r, 1, 0, 2, 3)), hd, nh);
 }
 
-/* s from this ubatch (SET statistics): kt [nt, hd, nkv] keys, q [hd, nq, nt], M the
-   position map, m_b = M kbar. Returns s [hd, nkv]. */
-static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * kt, ggml_tensor * k_cur, ggml_tensor * q,
+/* A [1, n, nb] f32 tensor of the constant c: the weights of a sum over ne[1] by ggml_out_prod.
+   `like` (contiguous f32, >= n * nb elements) only gives the graph a tensor to shape it by;
+   its values are never read. */
+static inline ggml_tensor * tq_kbal_const(ggml_context * ctx, ggml_tensor * like, int64_t n, int64_t nb, float c) {
+    GGML_ASSERT(like->type == GGML_TYPE_F32 && ggml_is_contiguous(like) && ggml_nelements(like) >= n * nb);
+    return ggml_fill(ctx, ggml_view_3d(ctx, like, 1, n, nb, sizeof(float), (size_t) n * sizeof(float), 0), c);
+}
+
+/* x [r, n, nb] -> the weighted sum over ne[1], sum_j w[0, j, b] x[:, j, b], as [r, nb]. The
+   sums run over the rows llama's tensors already have in memory (ggml_out_prod contracts
+   ne[1] of both), so nothing is transposed into a copy first. */
+static inline ggml_tensor * tq_kbal_wsum(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w) {
+    return ggml_reshape_2d(ctx, ggml_out_prod(ctx, x, w), x->ne[0], x->ne[2]);
+}
+
+/* s from this ubatch (SET statistics): k_cur [hd, nkv, nt] keys, q [hd, nq, nt] (both
+   contiguous), M the position map, m_b = M kbar. Returns s [hd, nkv]. */
+static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * q,
                                           ggml_tensor * map, ggml_tensor * m_b, float kq_scale, bool neox) {
     const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2];
     const int64_t nq = q->ne[1], g = nq / nkv;
@@ -165,19 +180,21 @@ static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * kt, 
     ggml_tensor * ql = ggml_view_3d(ctx, q, hd, nq, nql, q->nb[1], q->nb[2], (size_t) (nt - nql) * q->nb[2]);
     ggml_tensor * qp = ggml_cont(ctx, ggml_permute(ctx, ql, 0, 2, 1, 3));                            // [hd, nql, nq]
     ggml_tensor * p  = ggml_soft_max(ctx, ggml_diag_mask_inf(ctx, ggml_scale(ctx, ggml_mul_mat(ctx, kp, qp), kq_scale), (int) (nt - nql))); // [nt_k, nql, nq]
-    ggml_tensor * w  = ggml_mean(ctx, ggml_cont(ctx, ggml_permute(ctx, p, 1, 0, 2, 3)));             // [1, nt_k, nq]
-    w = ggml_mean(ctx, ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, w, nt, g, nkv), 1, 0, 2, 3))); // [1, nt, nkv]
-    ggml_tensor * w3 = ggml_reshape_3d(ctx, w, nt, 1, nkv);
+    // the heads of KV head h are h g .. h g + g - 1, so (query, head in group) is one axis
+    ggml_tensor * w  = tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, p, nt, nql * g, nkv),
+                                    tq_kbal_const(ctx, kp, nql * g, nkv, 1.0f / (float) (nql * g))); // [nt, nkv]
+    ggml_tensor * wb = ggml_reshape_3d(ctx, w, 1, nt, nkv);
     // the key energy left after m at the cache's positions: sum_j w_j k_j^2 - 2 m (M kbar_w) + m^2
-    ggml_tensor * e2 = ggml_reshape_2d(ctx, ggml_mul_mat(ctx, ggml_sqr(ctx, kt), w3), hd, nkv);
-    ggml_tensor * kw = ggml_reshape_2d(ctx, ggml_mul_mat(ctx, kt, w3), hd, nkv);
+    ggml_tensor * e2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, kp), wb);                                     // [hd, nkv]
+    ggml_tensor * kw = tq_kbal_wsum(ctx, kp, wb);
     ggml_tensor * mw = ggml_mul_mat(ctx, map, kw);
     ggml_tensor * rk = ggml_add(ctx, ggml_sub(ctx, e2, ggml_scale(ctx, ggml_mul(ctx, m_b, mw), 2.0f)), ggml_sqr(ctx, m_b));
     rk = ggml_clamp(ctx, tq_kbal_tie_pairs(ctx, rk, neox), 1e-20f, 1e20f);
     // query energy per channel over tokens and the g query heads of each KV head
-    ggml_tensor * qt = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, g, nkv, nt), 2, 0, 3, 1)); // [g, nt, hd, nkv]
-    ggml_tensor * rq = ggml_mean(ctx, ggml_sqr(ctx, ggml_reshape_3d(ctx, qt, g * nt, hd, nkv)));
-    rq = ggml_clamp(ctx, ggml_reshape_2d(ctx, rq, hd, nkv), 1e-20f, 1e20f);
+    ggml_tensor * q2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, ggml_reshape_3d(ctx, q, hd * nq, nt, 1)),
+                                    tq_kbal_const(ctx, kp, nt, 1, 1.0f / (float) nt));             // [hd nq, 1]
+    ggml_tensor * rq = tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, q2, hd, g, nkv), tq_kbal_const(ctx, kp, g, nkv, 1.0f / (float) g));
+    rq = ggml_clamp(ctx, rq, 1e-20f, 1e20f);
     rq = tq_kbal_tie_pairs(ctx, rq, neox);
 
     // s = (rq / rk)^(1/4), the ratio bounded so that nothing below overflows
@@ -221,11 +238,11 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
     ggml_tensor * m_use = m_st;
     ggml_tensor * s_use = bal ? ggml_scale_bias(ctx, d_st, 1.0f, 1.0f) : nullptr;
     if (mode == TQ_KMEAN_SET) {
-        ggml_tensor * kt   = ggml_cont(ctx, ggml_permute(ctx, k_cur, 1, 2, 0, 3));                        // [nt, hd, nkv]
-        ggml_tensor * kbar = ggml_reshape_2d(ctx, ggml_mean(ctx, kt), hd, nkv);
+        ggml_tensor * kbar = ggml_reshape_2d(ctx, tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, k_cur, n, nt, 1),
+                                                               tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt)), hd, nkv);
         m_use = ggml_mul_mat(ctx, map, kbar);                                                            // F kbar
         if (bal) {
-            s_use = tq_kbal_scale(ctx, kt, k_cur, q, map, m_use, kq_scale, neox);
+            s_use = tq_kbal_scale(ctx, k_cur, q, map, m_use, kq_scale, neox);
             m_use = ggml_mul(ctx, m_use, s_use);
             ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_scale_bias(ctx, s_use, 1.0f, -1.0f), d_st));
         }
