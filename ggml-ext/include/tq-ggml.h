@@ -56,14 +56,6 @@
     ((int) (t) >= (int) GGML_TYPE_TURBO2 && (int) (t) <= (int) GGML_TYPE_TURBO2_TCQ)
 /* The trellis-coded ones. */
 #define TQ_GGML_IS_TCQ(t) ((int) (t) == (int) GGML_TYPE_TURBO3_TCQ || (int) (t) == (int) GGML_TYPE_TURBO2_TCQ)
-/* The scalar-codebook ones (turbo2..4). The CUDA backend claims all five types
-   (TQ_GGML_IS_TURBO / TQ_GGML_CASES); these name the scalar half where it differs. */
-#define TQ_GGML_IS_TURBO_SCALAR(t) \
-    ((int) (t) >= (int) GGML_TYPE_TURBO2 && (int) (t) <= (int) GGML_TYPE_TURBO4)
-#define TQ_GGML_SCALAR_CASES                                                     \
-    case GGML_TYPE_TURBO2:                                                       \
-    case GGML_TYPE_TURBO3:                                                       \
-    case GGML_TYPE_TURBO4:
 
 /* The turbo type called `name` (its type_name), or GGML_TYPE_COUNT. */
 static inline enum ggml_type tq_ggml_type_from_name(const char *name) {
