@@ -166,9 +166,11 @@ static inline ggml_tensor * tq_kbal_wsum(ggml_context * ctx, ggml_tensor * x, gg
 }
 
 /* s from this ubatch (SET statistics): k_cur [hd, nkv, nt] keys, q [hd, nq, nt] (both
-   contiguous), M the position map, m_b = M kbar. Returns s [hd, nkv]. */
+   contiguous), M the position map, m_b = M kbar, per_tok the [1, nt, 1] weights 1 / nt of
+   the key mean. Returns s [hd, nkv]. */
 static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * q,
-                                          ggml_tensor * map, ggml_tensor * m_b, float kq_scale, bool neox) {
+                                          ggml_tensor * map, ggml_tensor * m_b, ggml_tensor * per_tok,
+                                          float kq_scale, bool neox) {
     const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2];
     const int64_t nq = q->ne[1], g = nq / nkv;
     // Which keys' errors matter: those the queries attend to. w_j = attention to key j
@@ -191,8 +193,7 @@ static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cu
     ggml_tensor * rk = ggml_add(ctx, ggml_sub(ctx, e2, ggml_scale(ctx, ggml_mul(ctx, m_b, mw), 2.0f)), ggml_sqr(ctx, m_b));
     rk = ggml_clamp(ctx, tq_kbal_tie_pairs(ctx, rk, neox), 1e-20f, 1e20f);
     // query energy per channel over tokens and the g query heads of each KV head
-    ggml_tensor * q2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, ggml_reshape_3d(ctx, q, hd * nq, nt, 1)),
-                                    tq_kbal_const(ctx, kp, nt, 1, 1.0f / (float) nt));             // [hd nq, 1]
+    ggml_tensor * q2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, ggml_reshape_3d(ctx, q, hd * nq, nt, 1)), per_tok); // [hd nq, 1]
     ggml_tensor * rq = tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, q2, hd, g, nkv), tq_kbal_const(ctx, kp, g, nkv, 1.0f / (float) g));
     rq = ggml_clamp(ctx, rq, 1e-20f, 1e20f);
     rq = tq_kbal_tie_pairs(ctx, rq, neox);
@@ -238,11 +239,11 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
     ggml_tensor * m_use = m_st;
     ggml_tensor * s_use = bal ? ggml_scale_bias(ctx, d_st, 1.0f, 1.0f) : nullptr;
     if (mode == TQ_KMEAN_SET) {
-        ggml_tensor * kbar = ggml_reshape_2d(ctx, tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, k_cur, n, nt, 1),
-                                                               tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt)), hd, nkv);
+        ggml_tensor * per_tok = tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt);
+        ggml_tensor * kbar = ggml_reshape_2d(ctx, tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, k_cur, n, nt, 1), per_tok), hd, nkv);
         m_use = ggml_mul_mat(ctx, map, kbar);                                                            // F kbar
         if (bal) {
-            s_use = tq_kbal_scale(ctx, k_cur, q, map, m_use, kq_scale, neox);
+            s_use = tq_kbal_scale(ctx, k_cur, q, map, m_use, per_tok, kq_scale, neox);
             m_use = ggml_mul(ctx, m_use, s_use);
             ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_scale_bias(ctx, s_use, 1.0f, -1.0f), d_st));
         }
