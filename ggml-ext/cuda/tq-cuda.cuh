@@ -165,24 +165,43 @@ static TQ_HD double tq_cuda_widen(const float v) {
 #define TQ_CUDA_F32_NORM_MIN 0x1p-120
 #define TQ_CUDA_F32_NORM_MAX 0x1p+120
 
-// Index of value v (the raw input) in a block of norm n: #{t : x/n > t} with x = sanitize(v),
-// the quotient rounded to double (the rule of turboquant.h). rf = f32(1/n), 0 for a block
-// outside the f32 range. FP64 is slow on most GPUs (1/64 of the f32 rate on consumer
-// cards), so the decision is made in f32 and redone in double only when the f32 quotient
-// lies within a relative 2^-20 of a threshold. Why that margin is safe: f32(1/n) (from the
-// exactly rounded double 1/n) and the product x*rf each add at most a relative 2^-24, so
-// |uf - x/n| <= ~2^-23 |uf|; a threshold further than 2^-20 |uf| (computed in f32, itself
-// off by at most 2^-24 of the distance) lies on the same side of the double quotient as of
-// uf. Ties (u == t exactly, which go to the lower centroid) always fall inside the margin.
-// Near 0 the only threshold is 0 itself: a nonzero uf has the sign of x and of x/n, an exact
-// zero input gives u = +-0 on both paths, and an f32 product that underflowed (or a
-// subnormal input flushed by -use_fast_math) gives uf = 0, which is inside the margin of 0
-// and so goes to the double path, where subnormals are exact.
+// The decision thresholds of one gain-search candidate g (crates/codec/src/gain.rs):
+// T[t] * f with f = g * TQ_GAIN_STEP, as the exactly rounded double of the rule and as its
+// f32 rounding for the fast path.
+template <int bits> struct tq_cuda_thr {
+    double d[(1 << bits) - 1];
+    float  f[(1 << bits) - 1];
+};
+
+template <int bits>
+static TQ_HD void tq_cuda_scaled_thresholds(const int gain, tq_cuda_thr<bits> & th) {
+    const float * thr = tq_cuda_thresholds<bits>();
+    const double f = tq_dmul((double) gain, TQ_GAIN_STEP);
+TQ_UNROLL
+    for (int t = 0; t < (1 << bits) - 1; ++t) {
+        th.d[t] = tq_dmul((double) thr[t], f);
+        th.f[t] = tq_d2f(th.d[t]);
+    }
+}
+
+// Index of value v (the raw input) in a block of norm n against the thresholds th:
+// #{t : x/n > th.d[t]} with x = sanitize(v), the quotient rounded to double (the rule of
+// turboquant.h). rf = f32(1/n), 0 for a block outside the f32 range. FP64 is slow on most
+// GPUs (1/64 of the f32 rate on consumer cards), so the decision is made in f32 and redone
+// in double only when the f32 quotient lies within a relative 2^-20 of a threshold. Why
+// that margin is safe: f32(1/n) (from the exactly rounded double 1/n) and the product x*rf
+// each add at most a relative 2^-24, so |uf - x/n| <= ~2^-23 |uf|, and the f32 threshold
+// th.f is within 2^-24 of th.d; where the two orders could differ, |uf - th.f| is below
+// ~2^-22 |uf|, inside the margin. Ties (u == th.d exactly, which go to the lower
+// centroid) always fall inside it. Near 0 the only threshold is 0 itself (0 * f = 0): a
+// nonzero uf has the sign of x and of x/n, an exact zero input gives u = +-0 on both
+// paths, and an f32 product that underflowed (or a subnormal input flushed by
+// -use_fast_math) gives uf = 0, which is inside the margin of 0 and so goes to the double
+// path, where subnormals are exact.
 // *slow reports the fallback (the parity test counts them).
 template <int bits>
-static TQ_HD int tq_cuda_classify(const float v, const double n, const float rf, bool & slow) {
+static TQ_HD int tq_cuda_classify(const float v, const double n, const float rf, const tq_cuda_thr<bits> & th, bool & slow) {
     constexpr int levels = 1 << bits;
-    const float * thr = tq_cuda_thresholds<bits>();
     if (rf != 0.0f) {
         const uint32_t b = tq_f2u(v);
         float x = v;
@@ -199,8 +218,8 @@ static TQ_HD int tq_cuda_classify(const float v, const double n, const float rf,
         bool near = false;
 TQ_UNROLL
         for (int t = 0; t < levels - 1; ++t) {
-            k += uf > thr[t];
-            near |= fabsf(tq_fsub(uf, thr[t])) <= mu;
+            k += uf > th.f[t];
+            near |= fabsf(tq_fsub(uf, th.f[t])) <= mu;
         }
         if (!near || zero) {
             slow = false;
@@ -212,7 +231,7 @@ TQ_UNROLL
     int k = 0;
 TQ_UNROLL
     for (int t = 0; t < levels - 1; ++t) {
-        k += u > (double) thr[t];
+        k += u > th.d[t];
     }
     return k;
 }
@@ -222,14 +241,74 @@ static TQ_HD float tq_cuda_recip_f32(const double n) {
     return n >= TQ_CUDA_F32_NORM_MIN && n <= TQ_CUDA_F32_NORM_MAX ? tq_d2f(tq_ddiv(1.0, n)) : 0.0f;
 }
 
+// ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), as pairwise8 in the Rust encoder.
+static TQ_HD double tq_cuda_pairwise8(const double * a) {
+    return tq_dadd(tq_dadd(tq_dadd(a[0], a[1]), tq_dadd(a[2], a[3])),
+                   tq_dadd(tq_dadd(a[4], a[5]), tq_dadd(a[6], a[7])));
+}
+
+// One gain-search candidate: its codes k[], Σ C[k_j]² and its score (Σ x_j C[k_j])² / Σ C[k_j]²,
+// each sum in double as eight partial sums over j = l mod 8 combined pairwise, as in the
+// Rust encoder.
+template <int bits>
+static TQ_HD double tq_cuda_candidate(const float * __restrict__ x, const double n, const float rf, const int gain,
+                                      uint8_t * k, double & cs) {
+    const float * cb = tq_cuda_codebook<bits>();
+    tq_cuda_thr<bits> th;
+    tq_cuda_scaled_thresholds<bits>(gain, th);
+    double cs8[8], sx8[8];
+TQ_UNROLL
+    for (int l = 0; l < 8; ++l) {
+        cs8[l] = 0.0;
+        sx8[l] = 0.0;
+    }
+TQ_UNROLL_8
+    for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+        bool slow;
+        const int kj = tq_cuda_classify<bits>(x[j], n, rf, th, slow);
+        k[j] = (uint8_t) kj;
+        const double c = (double) cb[kj];
+        cs8[j & 7] = tq_dadd(cs8[j & 7], tq_dmul(c, c));
+        sx8[j & 7] = tq_dadd(sx8[j & 7], tq_dmul(tq_cuda_widen(x[j]), c));
+    }
+    cs = tq_cuda_pairwise8(cs8);
+    const double sxc = tq_cuda_pairwise8(sx8);
+    return tq_ddiv(tq_dmul(sxc, sxc), cs);
+}
+
+// The best candidate so far of the gain search.
+struct tq_cuda_best {
+    uint8_t k[TQ_BLOCK_VALUES];
+    double  cs;
+    double  score;
+    int     gain;
+};
+
+// Tries gain g: it replaces the best only on a strictly larger score (ties keep the earlier).
+template <int bits>
+static TQ_HD void tq_cuda_try_gain(const float * __restrict__ x, const double n, const float rf, const int gain,
+                                   tq_cuda_best & best) {
+    uint8_t k[TQ_BLOCK_VALUES];
+    double cs;
+    const double score = tq_cuda_candidate<bits>(x, n, rf, gain, k, cs);
+    if (score > best.score) {
+        best.score = score;
+        best.cs = cs;
+        best.gain = gain;
+        for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+            best.k[j] = k[j];
+        }
+    }
+}
+
 // Encodes one block of 64 values: the rule of turboquant.h, step for step, in one thread.
 // The norm and the scale stay in double (they decide the stored scale's bits through
-// sequential sums); the per-value classification is the f32 fast path above.
+// sequential sums); the per-value classification is the f32 fast path above. The gain
+// search (TQ_GAIN_*) tries 9 candidates and keeps the first with the largest score.
 template <int bits>
 static __host__ __device__ void tq_cuda_quantize_block(const float * __restrict__ x, typename tq_cuda_type<bits>::block * __restrict__ y) {
     constexpr int levels = 1 << bits;
     constexpr int nqs = (int) sizeof(y->qs);
-    const float * cb  = tq_cuda_codebook<bits>();
 
     double ss = 0.0;
 TQ_UNROLL_8
@@ -239,38 +318,53 @@ TQ_UNROLL_8
     }
     const double n = tq_dsqrt(ss);
 
+    uint8_t k[TQ_BLOCK_VALUES];
+    uint16_t d = 0;
+    const bool empty = n == 0.0 || !isfinite(n);
+    if (empty) {
+        for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+            k[j] = (uint8_t) (levels/2);
+        }
+    } else {
+        const float rf = tq_cuda_recip_f32(n);
+        tq_cuda_best best;
+        best.score = tq_cuda_candidate<bits>(x, n, rf, TQ_GAIN_PLAIN, best.k, best.cs);
+        best.gain = TQ_GAIN_PLAIN;
+        const int coarse[TQ_GAIN_N_COARSE] = TQ_GAIN_COARSE;
+        const int refine[TQ_GAIN_N_REFINE] = TQ_GAIN_REFINE;
+        for (int i = 0; i < TQ_GAIN_N_COARSE; ++i) {
+            tq_cuda_try_gain<bits>(x, n, rf, coarse[i], best);
+        }
+        for (int i = 0; i < TQ_GAIN_N_REFINE; ++i) {
+            const int centre = best.gain; // the best after the previous step
+            tq_cuda_try_gain<bits>(x, n, rf, centre - refine[i], best);
+            tq_cuda_try_gain<bits>(x, n, rf, centre + refine[i], best);
+        }
+        for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
+            k[j] = best.k[j];
+        }
+        const float r = tq_d2f(tq_ddiv(n, tq_dsqrt(best.cs)));
+        d = __half_as_ushort(__float2half_rn(r));
+        if ((d & 0x7fffu) == 0x7c00u) {
+            d = 0x7bffu; // overflow to infinity: the largest finite fp16
+        }
+    }
+
     uint8_t q[nqs];
 TQ_UNROLL
     for (int i = 0; i < nqs; ++i) {
         q[i] = 0;
     }
-    uint16_t d = 0;
-    const bool empty = n == 0.0 || !isfinite(n);
-    const float rf = empty ? 0.0f : tq_cuda_recip_f32(n);
-    double cs = 0.0;
 TQ_UNROLL
     for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
-        int k = levels/2;
-        if (!empty) {
-            bool slow;
-            k = tq_cuda_classify<bits>(x[j], n, rf, slow);
-            const double c = (double) cb[k];
-            cs = tq_dadd(cs, tq_dmul(c, c));
-        }
+        const int kj = k[j];
         if constexpr (bits == 4) {
-            q[j & 31] |= k << (4*(j >> 5));
+            q[j & 31] |= kj << (4*(j >> 5));
         } else {
-            q[j & 15] |= (k & 3) << (2*(j >> 4));
+            q[j & 15] |= (kj & 3) << (2*(j >> 4));
             if constexpr (bits == 3) {
-                q[16 + (j >> 3)] |= (k >> 2) << (j & 7);
+                q[16 + (j >> 3)] |= (kj >> 2) << (j & 7);
             }
-        }
-    }
-    if (!empty) {
-        const float r = tq_d2f(tq_ddiv(n, tq_dsqrt(cs)));
-        d = __half_as_ushort(__float2half_rn(r));
-        if ((d & 0x7fffu) == 0x7c00u) {
-            d = 0x7bffu; // overflow to infinity: the largest finite fp16
         }
     }
     y->d = d;

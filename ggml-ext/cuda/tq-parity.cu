@@ -216,9 +216,11 @@ static void classify_stats(const std::vector<float> & x, int64_t & slow, int64_t
             continue;
         }
         const float rf = tq_cuda_recip_f32(n);
+        tq_cuda_thr<bits> th; // the plain candidate's thresholds, where the ties are
+        tq_cuda_scaled_thresholds<bits>(TQ_GAIN_PLAIN, th);
         for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
             bool s;
-            const int k = tq_cuda_classify<bits>(xb[j], n, rf, s);
+            const int k = tq_cuda_classify<bits>(xb[j], n, rf, th, s);
             slow += s;
             const double u = tq_cuda_widen(xb[j]) / n;
             float xs = xb[j];

@@ -14,10 +14,11 @@
  * Decoding value j of a block: y[j] = fp16_to_f32(d) * codebook[idx[j]] (one f32
  * multiply). A stored scale that is NaN, infinite or negative (never written by the
  * encoder) decodes as 0, so decoding never yields NaN; tq_ggml_validate_row rejects it.
- * Encoding: n = ||x||; idx[j] = nearest centroid of x[j]/n (ties go to the lower
- * centroid); d = n / ||codebook[idx]|| rounded to fp16, so the decoded block keeps the
- * original norm. The bit-exact rule (sanitising, double precision, the zero block) is
- * normative in docs/CODEC.md; the CUDA port reproduces it.
+ * Encoding: n = ||x||; idx[j] = nearest centroid of x[j]/(n f) (ties go to the lower
+ * centroid) for the gain f of a 9-candidate search (TQ_GAIN_*) whose codes lie closest
+ * in direction to x; d = n / ||codebook[idx]|| rounded to fp16, so the decoded block
+ * keeps the original norm. The bit-exact rule (sanitising, double precision, the search
+ * order, the zero block) is normative in docs/CODEC.md; the CUDA port reproduces it.
  * Packing of idx[j] into qs:
  *   turbo4: qs[i] = idx[i] | idx[i+32] << 4, i < 32;
  *   turbo2: qs[i] = idx[i] | idx[i+16] << 2 | idx[i+32] << 4 | idx[i+48] << 6, i < 16;

@@ -12,6 +12,7 @@
 pub mod block;
 pub mod codebook;
 pub mod error;
+pub mod gain;
 pub mod kernels;
 pub mod qjl;
 pub mod rotation;

@@ -8,7 +8,7 @@ use turboquant_codec::TqType;
 const BLOCKS: usize = 100_000;
 
 #[test]
-fn distortion_within_10_percent_of_optimum() {
+fn distortion_matches_measurement() {
     let mut rng = TRng::new(2504_19874);
     let x = rng.gauss_vec(BLOCKS * 64);
     for ty in TqType::ALL {
@@ -39,12 +39,19 @@ fn distortion_within_10_percent_of_optimum() {
             num / den,
             per_vec / opt
         );
-        // Within 10% either way. (It can land below the scalar optimum: the
-        // per-block norm-restoring scale re-fits the gain of every block, which
-        // the fixed-scale scalar Lloyd-Max bound does not account for.)
+        // The gain search (crates/codec/src/gain.rs) fits each block's gain, so the codec
+        // lands below the fixed-gain scalar optimum: measured ratios 0.9997 / 0.8884 / 0.7615
+        // (turbo2 / 3 / 4, docs/CODEC.md; the plain codes gave 1.017 / 0.983 / 0.967).
+        // Each within 0.01 of its measurement, so a search that stops helping fails here.
+        let measured = match ty {
+            TqType::Turbo2 => 0.9997,
+            TqType::Turbo3 => 0.8884,
+            TqType::Turbo4 => 0.7615,
+        };
         assert!(
-            (per_vec / opt - 1.0).abs() <= 0.10,
-            "{ty:?}: {per_vec} vs optimum {opt}"
+            (per_vec / opt - measured).abs() <= 0.01,
+            "{ty:?}: {per_vec} vs optimum {opt}: ratio {} against the measured {measured}",
+            per_vec / opt
         );
         // and it is never worse than the Gaussian-limit (paper) codebook's optimum + 2%
         assert!(

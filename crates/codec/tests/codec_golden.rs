@@ -46,7 +46,8 @@ fn encodings_are_pinned() {
     assert_eq!(got, GOLDEN, "encoder output changed");
 }
 
-const GOLDEN: [u64; 3] = [0x3cf1160b7e70b312, 0x7e3712fc4da17307, 0x2c672d80e3d750fc];
+// Re-pinned when the encoder gained its gain search (crates/codec/src/gain.rs).
+const GOLDEN: [u64; 3] = [0xc1dd03bc76bd1c9e, 0xb5def2fff4623aa7, 0x5d59ab9afc4b6051];
 
 #[test]
 fn every_level_encodes_identically() {

@@ -53,13 +53,15 @@ pub fn render_c_tables() -> String {
     s.push_str(&format!("/*\n * turboquant_tables.h - {BANNER}\n *\n"));
     s.push_str(" * Index k of a block decodes to d * TQ_CODEBOOK_<b>BIT[k]; the encoder picks\n");
     s.push_str(
-        " * k = #{ t in TQ_THRESHOLDS_<b>BIT : u > t } (u = x / ||x||, compared in double).\n",
+        " * k = #{ t in TQ_THRESHOLDS_<b>BIT : u > t * f } (u = x / ||x||, compared in double)\n \
+         * for the gain f of the TQ_GAIN_* search that fits the block best (crates/codec/src/gain.rs).\n",
     );
     s.push_str(
         " * Define TQ_TABLE_ATTR (e.g. __device__) before including to place the tables.\n */\n",
     );
     s.push_str("#ifndef TURBOQUANT_TABLES_H\n#define TURBOQUANT_TABLES_H\n\n");
     s.push_str("#ifndef TQ_TABLE_ATTR\n#define TQ_TABLE_ATTR\n#endif\n\n");
+    s.push_str(&gain_macros());
     for cb in codec_codebooks() {
         let (c, t) = f32_tables(&cb);
         let b = cb.bits;
@@ -82,4 +84,24 @@ pub fn render_c_tables() -> String {
     }
     s.push_str("#endif /* TURBOQUANT_TABLES_H */\n");
     s
+}
+
+/// The gain search's constants (crates/codec/src/gain.rs) as C macros.
+fn gain_macros() -> String {
+    use turboquant_codec::gain::{GAIN_COARSE, GAIN_PLAIN, GAIN_REFINE, GAIN_STEP};
+    let list = |v: &[i32]| v.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", ");
+    format!(
+        "/* The encoder's gain search: f = g * TQ_GAIN_STEP; plain first, then the coarse round,\n \
+         * then best -/+ each refinement step; a candidate wins only on a strictly larger score. */\n\
+         #define TQ_GAIN_STEP {GAIN_STEP:?}\n\
+         #define TQ_GAIN_PLAIN {GAIN_PLAIN}\n\
+         #define TQ_GAIN_N_COARSE {}\n\
+         #define TQ_GAIN_COARSE {{ {} }}\n\
+         #define TQ_GAIN_N_REFINE {}\n\
+         #define TQ_GAIN_REFINE {{ {} }}\n\n",
+        GAIN_COARSE.len(),
+        list(&GAIN_COARSE),
+        GAIN_REFINE.len(),
+        list(&GAIN_REFINE),
+    )
 }

@@ -3,6 +3,7 @@
 //! oracles the SIMD paths are tested against.
 
 use crate::block::{decode_scale, pack_indices, unpack_indices, TqType, QK};
+use crate::gain::{GAIN_COARSE, GAIN_PLAIN, GAIN_REFINE, GAIN_STEP};
 use half::f16;
 
 /// Replaces NaN by 0 and ±Inf by ±65504 (the largest finite fp16); every other
@@ -29,10 +30,14 @@ pub fn sanitize(v: f32) -> f32 {
 /// 2. `n = sqrt(Σ x_j²)`, squares and sum in f64, sequential `j = 0..64`;
 /// 3. if `n == 0` (or not finite): `d = 0` and every index is `2^(b-1)`
 ///    (the smallest positive centroid);
-/// 4. else `u_j = x_j / n` (f64) and `idx_j = #{k : u_j > T[k]}` over the f32
-///    thresholds `T` widened to f64 (a tie goes to the lower centroid);
-/// 5. `cn = sqrt(Σ C[idx_j]²)` in f64 (sequential); `d = f16(f32(n / cn))`,
-///    round to nearest even, an overflow to ±Inf clamped to 65504.
+/// 4. else `u_j = x_j / n` (f64); a candidate with gain `g` has
+///    `idx_j = #{k : u_j > T[k]·f}`, `f = g · GAIN_STEP`, over the f32 thresholds `T`
+///    widened to f64 (a tie goes to the lower centroid), and the score
+///    `(Σ x_j C[idx_j])² / Σ C[idx_j]²` (f64; each sum as eight interleaved partial sums
+///    over `j ≡ l mod 8`, combined pairwise); the candidates of [`crate::gain`] are tried
+///    in its order and the first with the largest score is kept;
+/// 5. `cn = sqrt(Σ C[idx_j]²)` over the kept codes (the same eight-lane sum);
+///    `d = f16(f32(n / cn))`, round to nearest even, an overflow to ±Inf clamped to 65504.
 #[inline(always)]
 pub fn quantize_block(ty: TqType, x: &[f32], out: &mut [u8]) {
     let x = &x[..QK];
@@ -50,28 +55,32 @@ pub fn quantize_block(ty: TqType, x: &[f32], out: &mut [u8]) {
         idx = [(ty.levels() / 2) as u8; QK];
         d = 0;
     } else {
-        let cb = ty.codebook();
-        // u_j = x_j / n; idx_j = #{k : u_j > T[k]} (thresholds outer, values inner:
-        // the compiler vectorizes across the 64 values).
         let mut u = [0f64; QK];
         for (u, &v) in u.iter_mut().zip(xs.iter()) {
             *u = v / n;
         }
-        let mut cnt = [0u8; QK];
-        for &t in ty.thresholds() {
-            let t = t as f64;
-            for (c, &uj) in cnt.iter_mut().zip(u.iter()) {
-                *c += (uj > t) as u8;
+        // The gain search (docs/CODEC.md "Encoding"): the codes of u / f for a few gains f,
+        // keeping the codes whose direction is closest to x (largest ⟨x, c⟩² / |c|²).
+        let mut best = classify_scaled(ty, &u, &xs, GAIN_PLAIN);
+        for &k in GAIN_COARSE.iter() {
+            let cand = classify_scaled(ty, &u, &xs, k);
+            if cand.score > best.score {
+                best = cand;
             }
         }
-        idx = cnt;
-        let mut cs = 0f64;
-        for &k in idx.iter() {
-            let cv = cb[k as usize] as f64;
-            cs += cv * cv;
+        for &step in GAIN_REFINE.iter() {
+            let centre = best.gain;
+            for k in [centre - step, centre + step] {
+                let cand = classify_scaled(ty, &u, &xs, k);
+                if cand.score > best.score {
+                    best = cand;
+                }
+            }
         }
-        let cn = cs.sqrt();
-        let h = f16::from_f32((n / cn) as f32);
+        idx = best.idx;
+        let cn = best.cs.sqrt();
+        let r = n / cn;
+        let h = f16::from_f32(r as f32);
         d = if h.is_infinite() {
             f16::MAX.to_bits()
         } else {
@@ -80,6 +89,52 @@ pub fn quantize_block(ty: TqType, x: &[f32], out: &mut [u8]) {
     }
     out[..2].copy_from_slice(&d.to_ne_bytes());
     pack_indices(ty, &idx, &mut out[2..ty.block_bytes()]);
+}
+
+/// One candidate of the gain search.
+struct Candidate {
+    gain: i32,
+    idx: [u8; QK],
+    /// Σ C[idx_j]² (f64, the eight-lane sum).
+    cs: f64,
+    /// ⟨x, c⟩² / Σ C[idx_j]², the part of |x|² the codes' direction keeps.
+    score: f64,
+}
+
+/// `idx_j = #{k : u_j > T[k]·f}` with `f = gain · GAIN_STEP` (both products in f64), and the
+/// candidate's score. Thresholds outer, values inner: the compiler vectorizes across the
+/// 64 values.
+#[inline(always)]
+fn classify_scaled(ty: TqType, u: &[f64; QK], xs: &[f64; QK], gain: i32) -> Candidate {
+    let f = gain as f64 * GAIN_STEP;
+    let cb = ty.codebook();
+    let mut idx = [0u8; QK];
+    for &t in ty.thresholds() {
+        let t = t as f64 * f;
+        for (c, &uj) in idx.iter_mut().zip(u.iter()) {
+            *c += (uj > t) as u8;
+        }
+    }
+    // Eight interleaved partial sums (lane l takes j ≡ l mod 8), combined pairwise: eight
+    // independent chains instead of one 64-long chain of dependent adds.
+    let mut cs8 = [0f64; 8];
+    let mut sx8 = [0f64; 8];
+    for (ki, xi) in idx.chunks_exact(8).zip(xs.chunks_exact(8)) {
+        for l in 0..8 {
+            let cv = cb[ki[l] as usize] as f64;
+            cs8[l] += cv * cv;
+            sx8[l] += xi[l] * cv;
+        }
+    }
+    let cs = pairwise8(&cs8);
+    let sxc = pairwise8(&sx8);
+    Candidate { gain, idx, cs, score: sxc * sxc / cs }
+}
+
+/// `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`.
+#[inline(always)]
+fn pairwise8(a: &[f64; 8]) -> f64 {
+    ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
 }
 
 /// `#{k : u > thr[k]}` for the `2 * half - 1` ascending thresholds in `thr`,
