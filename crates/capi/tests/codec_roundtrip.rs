@@ -135,32 +135,57 @@ proptest! {
     }
 }
 
-/// An independent statement of the encoding rule: nearest centroid by
-/// distance (ties to the lower), norm-restoring fp16 scale.
+/// Nearest centroid of the scaled codebook f·C to each u_j by distance (ties to the lower),
+/// with Σ C² and the score ⟨x, c⟩² / Σ C² (plain sequential sums).
+fn reference_codes(ty: TqType, x: &[f32], n: f64, f: f64) -> ([u8; 64], f64, f64) {
+    let cb = ty.codebook();
+    let mut idx = [0u8; 64];
+    let (mut cs, mut sxc) = (0.0, 0.0);
+    for j in 0..64 {
+        let u = x[j] as f64 / n;
+        let mut best = 0;
+        for k in 1..cb.len() {
+            if (u - f * cb[k] as f64).abs() < (u - f * cb[best] as f64).abs() {
+                best = k;
+            }
+        }
+        idx[j] = best as u8;
+        cs += (cb[best] as f64).powi(2);
+        sxc += x[j] as f64 * cb[best] as f64;
+    }
+    (idx, cs, sxc * sxc / cs)
+}
+
+/// An independent statement of the encoding rule: for the gains 1, then 0.8 / 0.9 / 1.1 /
+/// 1.2, then best ∓ 0.05 and best ∓ 0.025, the codes nearest to u / f; keep the first with
+/// the largest score; norm-restoring fp16 scale.
 fn reference_encode(ty: TqType, x: &[f32]) -> (u16, [u8; 64]) {
     let n = x
         .iter()
         .map(|&v| (v as f64) * (v as f64))
         .sum::<f64>()
         .sqrt();
-    let cb = ty.codebook();
     if n == 0.0 {
         return (0, [(ty.levels() / 2) as u8; 64]);
     }
-    let mut idx = [0u8; 64];
-    let mut cs = 0.0;
-    for j in 0..64 {
-        let u = x[j] as f64 / n;
-        let mut best = 0;
-        for k in 1..cb.len() {
-            if (u - cb[k] as f64).abs() < (u - cb[best] as f64).abs() {
-                best = k;
-            }
+    let mut best_g = 40;
+    let mut best = reference_codes(ty, x, n, 1.0);
+    let mut consider = |g: i32, best_g: &mut i32, best: &mut ([u8; 64], f64, f64)| {
+        let c = reference_codes(ty, x, n, g as f64 * 0.025);
+        if c.2 > best.2 {
+            *best = c;
+            *best_g = g;
         }
-        idx[j] = best as u8;
-        cs += (cb[best] as f64).powi(2);
+    };
+    for g in [32, 36, 44, 48] {
+        consider(g, &mut best_g, &mut best);
     }
-    (half::f16::from_f64(n / cs.sqrt()).to_bits(), idx)
+    for step in [2, 1] {
+        let centre = best_g;
+        consider(centre - step, &mut best_g, &mut best);
+        consider(centre + step, &mut best_g, &mut best);
+    }
+    (half::f16::from_f64(n / best.1.sqrt()).to_bits(), best.0)
 }
 
 #[test]
