@@ -202,9 +202,10 @@ fn ggml_reference_quantizers() {
 
 #[test]
 fn distortion_on_gaussian_rows_matches_theory() {
-    // Gaussian rows: turbo's relative MSE is near the Lloyd-Max optimum (a norm-restoring
-    // scale per 64 costs a little, DESIGN.md §5b) and above the 4^-b bound; the order of
-    // types by bits is the order of errors.
+    // Gaussian rows: turbo's relative MSE is at or below the fixed-gain Lloyd-Max optimum
+    // (the encoder's gain search fits each block's gain; measured 0.00700 / 0.0296 / 0.1147,
+    // asserted within about ±5 %) and above the 4^-b bound; the order of types by bits is
+    // the order of errors.
     let mut rng = SplitMix64::new(9);
     let x = gauss(&mut rng, 64 * 2000);
     let rel = |c: Codec| {
@@ -218,15 +219,15 @@ fn distortion_on_gaussian_rows_matches_theory() {
     };
     let mut prev = 0.0;
     for (t, lo, hi) in [
-        (TqType::Turbo4, 0.0085, 0.0100),
-        (TqType::Turbo3, 0.031, 0.036),
-        (TqType::Turbo2, 0.110, 0.122),
+        (TqType::Turbo4, 0.0066, 0.0074),
+        (TqType::Turbo3, 0.0281, 0.0311),
+        (TqType::Turbo2, 0.109, 0.120),
     ] {
         let r = rel(Codec::Turbo(t));
         let lm = lab::lloyd_max_distortion(t.bits());
         assert!(r > lab::lower_bound(t.bits()), "{t:?} {r}");
         assert!((lo..hi).contains(&r), "{t:?}: rel MSE {r}, Lloyd-Max {lm}");
-        assert!((r / lm - 1.0).abs() < 0.1, "{t:?}: {r} vs {lm}");
+        assert!(r < 1.01 * lm, "{t:?}: {r} vs {lm}");
         assert!(r > prev);
         prev = r;
     }
@@ -352,11 +353,11 @@ fn offset_needle(codecs: &[Codec], remove_mean: bool, seed: u64) -> Vec<(f64, f6
 fn k_mean_removal_helps_keys_with_a_shared_offset() {
     // Turbo's error is proportional to |k|; with |c|² = 9 d the keys are ~3x longer than
     // their spread, and removing the mean cuts the score noise ~3x. Measured on seeds 21-23
-    // (60 trials each), mean removal raises the top-1 rate by at least 0.25 (turbo2,
-    // seed 21: 0.13 -> 0.38; turbo4 0.53 -> 0.80-0.95, turbo3 0.25-0.37 -> 0.72-0.77) and
-    // the attention-output cosine by at least 0.034 (turbo4: 0.954-0.957 -> 0.991-0.992;
-    // turbo3 0.85-0.87 -> 0.966-0.970; turbo2 0.61-0.64 -> 0.88-0.90). Asserted: +0.2 and
-    // +0.03. q4_0 keeps k (llama.cpp removes the mean only for turbo K): identical results.
+    // (60 trials each, the encoder with its gain search), mean removal raises the top-1
+    // rate by at least 0.217 (turbo4 0.60-0.67 -> 0.85-0.88; turbo3 0.23-0.33 -> 0.63-0.75;
+    // turbo2 0.05-0.15 -> 0.43-0.48) and the attention-output cosine by at least 0.025
+    // (turbo4: 0.965-0.969 -> 0.992-0.994; turbo3 0.87-0.88 -> 0.970-0.974; turbo2
+    // 0.61-0.63 -> 0.88-0.90). Asserted: +0.2 and +0.02. q4_0 keeps k (llama.cpp removes the mean only for turbo K): identical results.
     let codecs = [
         Codec::Turbo(TqType::Turbo4),
         Codec::Turbo(TqType::Turbo3),
@@ -370,7 +371,7 @@ fn k_mean_removal_helps_keys_with_a_shared_offset() {
             let ((t0, c0), (t1, c1)) = (off[i], on[i]);
             if cd.removes_k_mean() {
                 assert!(t1 >= t0 + 0.2, "seed {seed} {cd:?}: top-1 {t0} -> {t1}");
-                assert!(c1 >= c0 + 0.03, "seed {seed} {cd:?}: out cos {c0} -> {c1}");
+                assert!(c1 >= c0 + 0.02, "seed {seed} {cd:?}: out cos {c0} -> {c1}");
             } else {
                 assert_eq!((t0, c0), (t1, c1), "seed {seed} {cd:?}");
             }
