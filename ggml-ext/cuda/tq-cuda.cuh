@@ -318,16 +318,15 @@ TQ_UNROLL_8
     }
     const double n = tq_dsqrt(ss);
 
-    uint8_t k[TQ_BLOCK_VALUES];
+    tq_cuda_best best;
     uint16_t d = 0;
     const bool empty = n == 0.0 || !isfinite(n);
     if (empty) {
         for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
-            k[j] = (uint8_t) (levels/2);
+            best.k[j] = (uint8_t) (levels/2);
         }
     } else {
         const float rf = tq_cuda_recip_f32(n);
-        tq_cuda_best best;
         best.score = tq_cuda_candidate<bits>(x, n, rf, TQ_GAIN_PLAIN, best.k, best.cs);
         best.gain = TQ_GAIN_PLAIN;
         const int coarse[TQ_GAIN_N_COARSE] = TQ_GAIN_COARSE;
@@ -339,9 +338,6 @@ TQ_UNROLL_8
             const int centre = best.gain; // the best after the previous step
             tq_cuda_try_gain<bits>(x, n, rf, centre - refine[i], best);
             tq_cuda_try_gain<bits>(x, n, rf, centre + refine[i], best);
-        }
-        for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
-            k[j] = best.k[j];
         }
         const float r = tq_d2f(tq_ddiv(n, tq_dsqrt(best.cs)));
         d = __half_as_ushort(__float2half_rn(r));
@@ -357,7 +353,7 @@ TQ_UNROLL
     }
 TQ_UNROLL
     for (int j = 0; j < TQ_BLOCK_VALUES; ++j) {
-        const int kj = k[j];
+        const int kj = best.k[j];
         if constexpr (bits == 4) {
             q[j & 31] |= kj << (4*(j >> 5));
         } else {

@@ -89,7 +89,12 @@ pub fn render_c_tables() -> String {
 /// The gain search's constants (crates/codec/src/gain.rs) as C macros.
 fn gain_macros() -> String {
     use turboquant_codec::gain::{GAIN_COARSE, GAIN_PLAIN, GAIN_REFINE, GAIN_STEP};
-    let list = |v: &[i32]| v.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", ");
+    let list = |v: &[i32]| {
+        v.iter()
+            .map(|g| g.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     format!(
         "/* The encoder's gain search: f = g * TQ_GAIN_STEP; plain first, then the coarse round,\n \
          * then best -/+ each refinement step; a candidate wins only on a strictly larger score. */\n\

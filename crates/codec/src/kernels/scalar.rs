@@ -61,26 +61,24 @@ pub fn quantize_block(ty: TqType, x: &[f32], out: &mut [u8]) {
         }
         // The gain search (docs/CODEC.md "Encoding"): the codes of u / f for a few gains f,
         // keeping the codes whose direction is closest to x (largest ⟨x, c⟩² / |c|²).
-        let mut best = classify_scaled(ty, &u, &xs, GAIN_PLAIN);
-        for &k in GAIN_COARSE.iter() {
-            let cand = classify_scaled(ty, &u, &xs, k);
+        // A candidate replaces the best only on a strictly larger score.
+        let try_gain = |best: &mut Candidate, g: i32| {
+            let cand = classify_scaled(ty, &u, &xs, g);
             if cand.score > best.score {
-                best = cand;
+                *best = cand;
             }
+        };
+        let mut best = classify_scaled(ty, &u, &xs, GAIN_PLAIN);
+        for &g in GAIN_COARSE.iter() {
+            try_gain(&mut best, g);
         }
         for &step in GAIN_REFINE.iter() {
             let centre = best.gain;
-            for k in [centre - step, centre + step] {
-                let cand = classify_scaled(ty, &u, &xs, k);
-                if cand.score > best.score {
-                    best = cand;
-                }
-            }
+            try_gain(&mut best, centre - step);
+            try_gain(&mut best, centre + step);
         }
         idx = best.idx;
-        let cn = best.cs.sqrt();
-        let r = n / cn;
-        let h = f16::from_f32(r as f32);
+        let h = f16::from_f32((n / best.cs.sqrt()) as f32);
         d = if h.is_infinite() {
             f16::MAX.to_bits()
         } else {
@@ -128,7 +126,12 @@ fn classify_scaled(ty: TqType, u: &[f64; QK], xs: &[f64; QK], gain: i32) -> Cand
     }
     let cs = pairwise8(&cs8);
     let sxc = pairwise8(&sx8);
-    Candidate { gain, idx, cs, score: sxc * sxc / cs }
+    Candidate {
+        gain,
+        idx,
+        cs,
+        score: sxc * sxc / cs,
+    }
 }
 
 /// `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`.
