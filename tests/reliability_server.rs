@@ -530,14 +530,40 @@ fn slot_restore_refuses_truncated_corrupt_and_wrong_type_files() {
 
 // ---------------------------------------------------------- context shift ---
 
-/// Generates 640 tokens (EOS ignored) in a 256-token slot with --context-shift: returns
-/// (text, mean probability of the greedy token before the first shift, after it).
-fn shifted_generation(cache: &[&str]) -> (String, f64, f64, usize) {
-    let srv = Server::start(&args(
+/// A greedy generation in a 256-token slot with --context-shift, the prompt kept
+/// (`n_keep: -1`), then each later step scored again by a fresh server of the same cache
+/// type that prefills exactly what the shifted cache holds at that step (the kept prompt
+/// and the generated tokens the shifts did not drop, at the same positions). A correct
+/// K shift leaves the two with the same greedy token and nearly the same probability; the
+/// only differences left are the shifted keys' second rounding and prefill against decode
+/// arithmetic. Judging one free-running greedy text instead is chaos: q8_0 and f16 both
+/// fall into low-confidence loops on some prompts (docs/RELIABILITY.md).
+struct ShiftCheck {
+    shifts: usize,
+    scored: usize,
+    /// share of scored steps where the fresh prefill picks the shifted cache's token
+    agree: f64,
+    /// mean and largest |p_shifted - p_fresh| of the shifted cache's greedy token
+    mean_dp: f64,
+    max_dp: f64,
+    text: String,
+}
+
+const SHIFT_CTX: usize = 256;
+// Measured (docs/RELIABILITY.md): turbo4/turbo3 agree on every scored step with |dp| mean
+// 0.009-0.026 on three prompts; q4_0 through the same check 0.981 and 0.035; a K shift
+// that drops the mean before re-roping 0.810 and 0.370.
+const AGREE_MIN: f64 = 0.97;
+const MEAN_DP_MAX: f64 = 0.05;
+const SHIFT_GEN: usize = 640;
+
+fn shift_check(cache: &[&str], prompt: &str) -> ShiftCheck {
+    let ctx = SHIFT_CTX.to_string();
+    let a = Server::start(&args(
         cache,
         &[
             "-c",
-            "256",
+            &ctx,
             "-np",
             "1",
             "--context-shift",
@@ -547,76 +573,138 @@ fn shifted_generation(cache: &[&str]) -> (String, f64, f64, usize) {
             "4",
         ],
     ));
-    let v = srv.post_ok(
+    let p = tokens(&a, prompt);
+    let v = a.post_ok(
         "/completion",
-        &json!({"prompt": "Once upon a time, in a village by the sea, there lived an old fisherman who",
-                "n_predict": 640, "temperature": 0, "ignore_eos": true, "n_probs": 1}),
+        &json!({"prompt": p, "n_predict": SHIFT_GEN, "temperature": 0, "ignore_eos": true,
+                "n_probs": 1, "n_keep": -1, "return_tokens": true}),
     );
-    let log = srv.stop();
+    let log = a.stop();
     assert!(
         !log.contains("ctx_shift is not supported"),
         "context shift was disabled"
     );
-    let shifts = log.matches("slot context shift").count();
-    assert_eq!(
-        v["tokens_predicted"].as_u64(),
-        Some(640),
-        "{}",
-        v["stop_type"]
-    );
-    let probs: Vec<f64> = v["completion_probabilities"]
+    let gen: Vec<u64> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(gen.len(), SHIFT_GEN, "{}", v["stop_type"]);
+    let prob: Vec<f64> = v["completion_probabilities"]
         .as_array()
         .unwrap()
         .iter()
         .map(|p| p["logprob"].as_f64().expect("logprob").exp())
         .collect();
-    assert_eq!(probs.len(), 640);
-    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
-    // the prompt is ~20 tokens: the first shift comes after ~235 generated tokens
-    (
-        v["content"].as_str().unwrap().to_string(),
-        mean(&probs[..200]),
-        mean(&probs[300..]),
-        shifts,
-    )
+    assert_eq!(prob.len(), SHIFT_GEN);
+    // "slot context shift, n_keep = K, n_left = L, n_discard = D"
+    let shifts: Vec<[usize; 3]> = log
+        .lines()
+        .filter_map(|l| l.split_once("slot context shift, ").map(|(_, r)| r))
+        .map(|r| {
+            let n: Vec<usize> = r
+                .split(", ")
+                .map(|f| f.rsplit(' ').next().unwrap().trim().parse().unwrap())
+                .collect();
+            [n[0], n[1], n[2]]
+        })
+        .collect();
+    // Replay the server's cache: before decoding the token sampled last it shifts when
+    // the cache is full (tools/server pre_decode), then the decode yields the next logits.
+    let mut cells = p.clone();
+    let mut held = vec![cells.clone()];
+    let mut next = shifts.iter();
+    let mut first = SHIFT_GEN; // the first step whose logits come from a shifted cache
+    for t in 1..SHIFT_GEN {
+        if cells.len() + 1 >= SHIFT_CTX {
+            first = first.min(t);
+            let [keep, left, discard] = *next.next().expect("a shift the log does not show");
+            assert_eq!(keep + left, cells.len(), "replayed cache size at a shift");
+            cells.drain(keep..keep + discard);
+        }
+        cells.push(gen[t - 1]);
+        held.push(cells.clone());
+    }
+    assert!(
+        next.next().is_none(),
+        "the log shows more shifts than the replay"
+    );
+    let b = Server::start(&args(
+        cache,
+        &["-c", "1024", "-np", "1", "--cache-ram", "0"],
+    ));
+    let (mut agree, mut dps) = (0, Vec::new());
+    for t in (first..SHIFT_GEN).step_by(2) {
+        let r = b.post_ok(
+            "/completion",
+            &json!({"prompt": held[t], "n_predict": 1, "temperature": 0, "n_probs": 1,
+                    "cache_prompt": true, "return_tokens": true}),
+        );
+        agree += (r["tokens"][0].as_u64() == Some(gen[t])) as usize;
+        let pb = r["completion_probabilities"][0]["logprob"]
+            .as_f64()
+            .unwrap()
+            .exp();
+        dps.push((prob[t] - pb).abs());
+    }
+    b.stop();
+    ShiftCheck {
+        shifts: shifts.len(),
+        scored: dps.len(),
+        agree: agree as f64 / dps.len() as f64,
+        mean_dp: dps.iter().sum::<f64>() / dps.len() as f64,
+        max_dp: dps.iter().cloned().fold(0.0, f64::max),
+        text: v["content"].as_str().unwrap().to_string(),
+    }
 }
 
-/// With turbo caches the text goes on past the context size as it does with f16: the
-/// shift happens, every token is produced, the text stays words, and the model stays as
-/// sure of its greedy tokens after the shifts as before them.
+/// With turbo caches llama-server shifts the context as it does with f16: the shift
+/// happens, every token arrives, the text stays words, and after each shift the cache
+/// scores the next tokens as a fresh prefill of the kept tokens does.
 #[test]
 fn context_shift_with_turbo_cache_keeps_generating_past_the_context() {
-    let mut res = Vec::new();
-    for (name, cache) in [("turbo4/turbo3", TURBO), ("f16", F16)] {
-        let (text, before, after, shifts) = shifted_generation(cache);
-        let tail: String = text.chars().skip(text.chars().count() * 2 / 3).collect();
-        let words: std::collections::HashSet<&str> = tail.split_whitespace().collect();
+    // Prompts of more than 32 tokens, so that the K mean is taken from the prompt and
+    // the shift has to carry it (a shorter prompt leaves the mean off in this cache).
+    for prompt in [
+        "Once upon a time, in a village by the sea, there lived an old fisherman who went out \
+         every morning before dawn. His nets were old and his boat was small, but he knew the \
+         water better than anyone, and one day",
+        "The history of the printing press begins in the fifteenth century, when a goldsmith in \
+         Mainz combined movable metal type, an oil-based ink and a wooden screw press into a \
+         system that could print a page many times. Within fifty years",
+    ] {
+        let c = shift_check(TURBO, prompt);
+        let tail: String = c
+            .text
+            .chars()
+            .skip(c.text.chars().count() * 2 / 3)
+            .collect();
         let letters = tail
             .chars()
-            .filter(|c| c.is_ascii_alphabetic() || c.is_whitespace() || ".,;:'\"!?-".contains(*c))
+            .filter(|c| c.is_ascii_alphabetic() || c.is_whitespace() || ".,;:'\"!?-()".contains(*c))
             .count();
         let ascii = letters as f64 / tail.chars().count().max(1) as f64;
         eprintln!(
-            "{name}: {shifts} shifts, greedy prob before {before:.3} after {after:.3}, {} distinct words in the last third, {:.0}% letters\n  tail: {tail:?}",
-            words.len(),
-            ascii * 100.0
+            "{prompt:?}: {} shifts, {} steps scored: greedy agreement {:.3}, |dp| mean {:.4} max {:.3}, {:.0}% letters\n  tail: {tail:?}",
+            c.shifts, c.scored, c.agree, c.mean_dp, c.max_dp, ascii * 100.0
         );
-        assert!(shifts >= 2, "{name}: {shifts} context shifts");
+        assert!(c.shifts >= 3, "{prompt:?}: {} context shifts", c.shifts);
         assert!(
             ascii > 0.9,
-            "{name}: the text after the shifts is not words: {tail:?}"
+            "the text after the shifts is not words: {tail:?}"
         );
-        res.push((name, before, after, words.len()));
+        assert!(
+            c.agree >= AGREE_MIN,
+            "{prompt:?}: greedy agreement {:.3} after the shifts",
+            c.agree
+        );
+        assert!(
+            c.mean_dp <= MEAN_DP_MAX,
+            "{prompt:?}: mean |dp| {:.4} after the shifts",
+            c.mean_dp
+        );
     }
-    let (turbo, f16) = (res[0], res[1]);
-    assert!(
-        turbo.2 > 0.8 * turbo.1,
-        "turbo loses confidence after the shifts: {turbo:?}"
-    );
-    assert!(
-        turbo.2 > 0.8 * f16.2,
-        "turbo after the shifts: {turbo:?} vs f16 {f16:?}"
-    );
 }
 
 /// A state file cut inside the last layer's V rows. Upstream's buffered `llama_file` read
