@@ -156,6 +156,18 @@ fn tq_serve_prints_the_url_of_the_chat_page_and_serves_it() {
     // the API is there either way, with the turbo caches tq serve reports
     assert_eq!(request(s.port, "GET", "/v1/models", "").unwrap().code, 200);
     assert!(out.contains("(turbo4 K / turbo3 V, 2048 tokens)"), "{out}");
+    // A supervisor stops `tq serve` by its PID: the server must go with it, not stay
+    // behind holding the port (it did while tq ran it as a child).
+    let port = s.port;
+    drop(s); // SIGKILL to the PID tq serve started as
+    let t = Instant::now();
+    while request(port, "GET", "/health", "").is_ok() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "llama-server still answers on {port} after tq serve was killed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn have(tool: &str) -> bool {

@@ -282,13 +282,31 @@ fn serve(
         kv::human_bytes((base - ours) as f64)
     );
     println!("{}", serving_line(port));
-    let status = Command::new(server)
-        .arg("-m")
+    let mut cmd = Command::new(server);
+    cmd.arg("-m")
         .arg(&path)
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["-c", &ctx.to_string(), "-np", &np.to_string()])
         .args(["-ctk", ctk, "-ctv", ctv, "-fa", "on"])
-        .args(extra)
+        .args(extra);
+    run_server(cmd)
+}
+
+/// `tq serve` becomes llama-server (exec, same PID): a supervisor that stops `tq serve` by
+/// its PID (SIGTERM or SIGKILL) stops the server itself, where a child would have been
+/// left running and holding the port.
+#[cfg(unix)]
+fn run_server(mut cmd: Command) -> Result<ExitCode, String> {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let _ = std::io::stdout().flush();
+    let e = cmd.exec(); // returns only on failure
+    Err(format!("cannot start llama-server: {e}"))
+}
+
+#[cfg(not(unix))]
+fn run_server(mut cmd: Command) -> Result<ExitCode, String> {
+    let status = cmd
         .status()
         .map_err(|e| format!("cannot start llama-server: {e}"))?;
     Ok(ExitCode::from(
