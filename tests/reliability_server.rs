@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use support::server::{stream, Server};
-use support::slots::tokens;
+use support::slots::{token_ids, tokens};
 
 const TURBO: &[&str] = &["-ctk", "turbo4", "-ctv", "turbo3", "-fa", "on"];
 const F16: &[&str] = &["-ctk", "f16", "-ctv", "f16", "-fa", "on"];
@@ -282,12 +282,7 @@ fn complete(srv: &Server, prompt: &[u64], n: u32) -> (Vec<u64>, u64) {
         &json!({"prompt": prompt, "n_predict": n, "temperature": 0, "id_slot": 0,
                 "cache_prompt": true, "return_tokens": true}),
     );
-    let toks: Vec<u64> = v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect();
+    let toks = token_ids(&v["tokens"]);
     assert_eq!(toks.len(), n as usize, "{v}");
     (toks, v["timings"]["prompt_n"].as_u64().unwrap())
 }
@@ -584,12 +579,7 @@ fn shift_check(cache: &[&str], prompt: &str) -> ShiftCheck {
         !log.contains("ctx_shift is not supported"),
         "context shift was disabled"
     );
-    let gen: Vec<u64> = v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect();
+    let gen = token_ids(&v["tokens"]);
     assert_eq!(gen.len(), SHIFT_GEN, "{}", v["stop_type"]);
     let prob: Vec<f64> = v["completion_probabilities"]
         .as_array()

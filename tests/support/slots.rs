@@ -38,11 +38,15 @@ pub fn slot_server(dir: &Path, np: usize, more: &[&str]) -> Server {
 
 pub fn tokens(srv: &Server, text: &str) -> Vec<u64> {
     let v = srv.post_ok("/tokenize", &json!({"content": text, "add_special": true}));
-    v["tokens"]
-        .as_array()
-        .unwrap()
+    token_ids(&v["tokens"])
+}
+
+/// A JSON array of token ids (`/tokenize`'s `tokens`, `/completion`'s with `return_tokens`).
+pub fn token_ids(a: &Value) -> Vec<u64> {
+    a.as_array()
+        .expect("an array of token ids")
         .iter()
-        .map(|t| t.as_u64().unwrap())
+        .map(|t| t.as_u64().expect("a token id"))
         .collect()
 }
 
@@ -62,12 +66,7 @@ pub fn complete(srv: &Server, slot: usize, prompt: &[u64], n: u32) -> Completion
         &json!({"prompt": prompt, "n_predict": n, "temperature": 0, "seed": 7, "id_slot": slot,
                 "cache_prompt": true, "return_tokens": true, "ignore_eos": true}),
     );
-    let tokens: Vec<u64> = v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect();
+    let tokens = token_ids(&v["tokens"]);
     assert_eq!(tokens.len(), n as usize, "{v}");
     Completion {
         tokens,
