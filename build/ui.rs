@@ -88,12 +88,12 @@ fn npm_build_in(src: &Path, cache: &Path, work: &Path, tmp: &Path) -> Result<(),
         "copying tools/ui",
     )?;
     sh_in(
-        &work,
+        work,
         "npm ci --no-audit --no-fund --loglevel=error",
         "npm ci in tools/ui",
     )?;
     sh_in(
-        &work,
+        work,
         &format!(
             "LLAMA_UI_OUT_DIR='{}' npm run build --loglevel=error",
             tmp.display()

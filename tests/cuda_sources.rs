@@ -580,7 +580,7 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         let d = scratch("bench");
         stand_ins(&d);
         let model = ("TQ_GPU_MODEL", d.join("model.gguf").display().to_string());
-        let (code, s) = run("scripts/gpu-bench.sh", &d, &[model.clone()]);
+        let (code, s) = run("scripts/gpu-bench.sh", &d, std::slice::from_ref(&model));
         assert_eq!(code, 0, "{s}");
         assert!(
             s.contains("PASS race turbo4") && s.contains("PASS race turbo3"),

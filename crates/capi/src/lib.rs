@@ -433,7 +433,7 @@ pub unsafe extern "C" fn tq_ggml_validate_row(t: c_int, x: *const c_void, nbytes
     let r = guard(|| {
         let ty = ty_of(t)?;
         let bb = ty.block_bytes();
-        if nbytes % bb != 0 {
+        if !nbytes.is_multiple_of(bb) {
             return Ok(0);
         }
         if nbytes == 0 {

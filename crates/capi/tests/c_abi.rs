@@ -19,7 +19,7 @@ fn staticlib() -> PathBuf {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with("libturboquant") && name.ends_with(".a") {
                 let t = e.metadata().unwrap().modified().unwrap();
-                if best.as_ref().map_or(true, |(bt, _)| t > *bt) {
+                if best.as_ref().is_none_or(|(bt, _)| t > *bt) {
                     best = Some((t, e.path()));
                 }
             }

@@ -170,7 +170,7 @@ fn reference_encode(ty: TqType, x: &[f32]) -> (u16, [u8; 64]) {
     }
     let mut best_g = 40;
     let mut best = reference_codes(ty, x, n, 1.0);
-    let mut consider = |g: i32, best_g: &mut i32, best: &mut ([u8; 64], f64, f64)| {
+    let consider = |g: i32, best_g: &mut i32, best: &mut ([u8; 64], f64, f64)| {
         let c = reference_codes(ty, x, n, g as f64 * 0.025);
         if c.2 > best.2 {
             *best = c;

@@ -57,14 +57,14 @@ pub fn mad(ty: TqType, x: &[u8], y: &mut [f32], v: f32) -> Result<()> {
 
 /// Bytes needed to encode `n` values (`n` a multiple of 64).
 pub fn encoded_len(ty: TqType, n: usize) -> Result<usize> {
-    if n % QK != 0 {
+    if !n.is_multiple_of(QK) {
         return Err(TqError::BadLength);
     }
     Ok(n / QK * ty.block_bytes())
 }
 
 fn checked_blocks(ty: TqType, nvals: usize, nbytes: usize) -> Result<usize> {
-    if nvals % QK != 0 || nbytes != nvals / QK * ty.block_bytes() {
+    if !nvals.is_multiple_of(QK) || nbytes != nvals / QK * ty.block_bytes() {
         return Err(TqError::BadLength);
     }
     Ok(nvals / QK)

@@ -127,7 +127,7 @@ pub fn rotate_in_place(x: &mut [f32], seed: u64) -> Result<()> {
 /// Applies `R` (of size `dim`) to each of the `x.len() / dim` consecutive vectors.
 pub fn rotate(dim: usize, seed: u64, x: &mut [f32]) -> Result<()> {
     check_dim(dim)?;
-    if x.len() % dim != 0 {
+    if !x.len().is_multiple_of(dim) {
         return Err(TqError::BadLength);
     }
     for v in x.chunks_exact_mut(dim) {

@@ -152,7 +152,7 @@ impl Geometry {
 
     /// Whether every head can use the turbo types (whole 64-value blocks per head).
     pub fn turbo_ok(&self) -> bool {
-        self.head_k % 64 == 0 && self.head_v % 64 == 0
+        self.head_k.is_multiple_of(64) && self.head_v.is_multiple_of(64)
     }
 }
 

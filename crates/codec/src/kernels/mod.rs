@@ -150,9 +150,12 @@ pub struct RowKernels {
     pub mad_rows: unsafe fn(*const u8, usize, usize, *const f32, *mut f32, usize),
 }
 
-/// Raw-pointer entry points of the scalar oracles, one set per type.
+/// Raw-pointer entry points of the scalar oracles, one set per type; `$scalar` is the
+/// module of the type family's oracles (`dequantize_row`, `vec_dot_row`, `mad_row`,
+/// `dot_rows`, `mad_rows` on slices).
 macro_rules! scalar_row_kernels {
-    ($ty:expr) => {{
+    ($scalar:path, $ty:expr) => {{
+        use $scalar as scalar;
         unsafe fn deq(x: *const u8, y: *mut f32, nb: usize) {
             let xs = core::slice::from_raw_parts(x, nb * $ty.block_bytes());
             scalar::dequantize_row($ty, xs, core::slice::from_raw_parts_mut(y, nb * QK))
@@ -201,7 +204,7 @@ macro_rules! scalar_row_kernels {
                 core::slice::from_raw_parts_mut(y, nb * QK),
             )
         }
-        RowKernels {
+        $crate::kernels::RowKernels {
             dequantize: deq,
             vec_dot: dot,
             mad,
@@ -210,6 +213,7 @@ macro_rules! scalar_row_kernels {
         }
     }};
 }
+pub(crate) use scalar_row_kernels;
 
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_row_kernels {
@@ -225,9 +229,9 @@ macro_rules! x86_row_kernels {
 }
 
 const SCALAR_ROW: [RowKernels; 3] = [
-    scalar_row_kernels!(TqType::Turbo2),
-    scalar_row_kernels!(TqType::Turbo3),
-    scalar_row_kernels!(TqType::Turbo4),
+    scalar_row_kernels!(self::scalar, TqType::Turbo2),
+    scalar_row_kernels!(self::scalar, TqType::Turbo3),
+    scalar_row_kernels!(self::scalar, TqType::Turbo4),
 ];
 
 /// `KERNELS[level][bits - 2]`. A level this build has no code for repeats the scalar row
@@ -294,14 +298,42 @@ pub fn row_kernels(level: SimdLevel, ty: TqType) -> &'static RowKernels {
     &KERNELS[level as usize][ty as usize - 2]
 }
 
+/// A block type with a [`RowKernels`] set per level: the turbo types here, the trellis
+/// types in `crate::tcq::kernels`. The raw dispatchers and the safe row API below are
+/// written once for both.
+pub trait RowType: Copy {
+    /// Bytes of one block of 64 values.
+    fn block_bytes(self) -> usize;
+    /// The type's kernels at `level` (a level the family has no code for maps to its best
+    /// lower one).
+    fn kernels(self, level: SimdLevel) -> &'static RowKernels;
+}
+
+impl RowType for TqType {
+    #[inline(always)]
+    fn block_bytes(self) -> usize {
+        TqType::block_bytes(self)
+    }
+    #[inline(always)]
+    fn kernels(self, level: SimdLevel) -> &'static RowKernels {
+        row_kernels(level, self)
+    }
+}
+
 /// Dequantizes `nb` blocks at `level`.
 ///
 /// # Safety
 /// `x` points to `nb * ty.block_bytes()` readable bytes, `y` to `nb * 64`
 /// writable floats, and the CPU supports `level`.
 #[inline(always)]
-pub unsafe fn dequantize_raw(level: SimdLevel, ty: TqType, x: *const u8, y: *mut f32, nb: usize) {
-    (row_kernels(level, ty).dequantize)(x, y, nb)
+pub unsafe fn dequantize_raw<T: RowType>(
+    level: SimdLevel,
+    ty: T,
+    x: *const u8,
+    y: *mut f32,
+    nb: usize,
+) {
+    (ty.kernels(level).dequantize)(x, y, nb)
 }
 
 /// Dot product of `nb` blocks with `nb * 64` floats at `level`.
@@ -309,14 +341,14 @@ pub unsafe fn dequantize_raw(level: SimdLevel, ty: TqType, x: *const u8, y: *mut
 /// # Safety
 /// As [`dequantize_raw`], with `y` readable.
 #[inline(always)]
-pub unsafe fn vec_dot_raw(
+pub unsafe fn vec_dot_raw<T: RowType>(
     level: SimdLevel,
-    ty: TqType,
+    ty: T,
     x: *const u8,
     y: *const f32,
     nb: usize,
 ) -> f32 {
-    (row_kernels(level, ty).vec_dot)(x, y, nb)
+    (ty.kernels(level).vec_dot)(x, y, nb)
 }
 
 /// `y += v * decode(x)` over `nb` blocks at `level`.
@@ -324,8 +356,15 @@ pub unsafe fn vec_dot_raw(
 /// # Safety
 /// As [`dequantize_raw`].
 #[inline(always)]
-pub unsafe fn mad_raw(level: SimdLevel, ty: TqType, x: *const u8, y: *mut f32, nb: usize, v: f32) {
-    (row_kernels(level, ty).mad)(x, y, nb, v)
+pub unsafe fn mad_raw<T: RowType>(
+    level: SimdLevel,
+    ty: T,
+    x: *const u8,
+    y: *mut f32,
+    nb: usize,
+    v: f32,
+) {
+    (ty.kernels(level).mad)(x, y, nb, v)
 }
 
 /// `out[r] = dot(decode(row r), q)` for `nrows` rows `stride` bytes apart,
@@ -337,9 +376,9 @@ pub unsafe fn mad_raw(level: SimdLevel, ty: TqType, x: *const u8, y: *mut f32, n
 /// writable floats, and the CPU supports `level`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn dot_rows_raw(
+pub unsafe fn dot_rows_raw<T: RowType>(
     level: SimdLevel,
-    ty: TqType,
+    ty: T,
     x: *const u8,
     stride: usize,
     nrows: usize,
@@ -348,7 +387,7 @@ pub unsafe fn dot_rows_raw(
     out: *mut f32,
 ) {
     if nrows > 0 {
-        (row_kernels(level, ty).dot_rows)(x, stride, nrows, q, nb, out)
+        (ty.kernels(level).dot_rows)(x, stride, nrows, q, nb, out)
     }
 }
 
@@ -361,9 +400,9 @@ pub unsafe fn dot_rows_raw(
 /// `nb * 64` writable floats.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn mad_rows_raw(
+pub unsafe fn mad_rows_raw<T: RowType>(
     level: SimdLevel,
-    ty: TqType,
+    ty: T,
     x: *const u8,
     stride: usize,
     nrows: usize,
@@ -372,7 +411,7 @@ pub unsafe fn mad_rows_raw(
     nb: usize,
 ) {
     if nrows > 0 {
-        (row_kernels(level, ty).mad_rows)(x, stride, nrows, w, y, nb)
+        (ty.kernels(level).mad_rows)(x, stride, nrows, w, y, nb)
     }
 }
 
@@ -382,7 +421,7 @@ pub unsafe fn mad_rows_raw(
 /// on a mismatch (the safe row API of every block type).
 pub(crate) fn check_rows(block_bytes: usize, nbytes: usize, nvals: usize) -> usize {
     assert!(
-        nvals % QK == 0,
+        nvals.is_multiple_of(QK),
         "row length {nvals} is not a multiple of {QK}"
     );
     let nb = nvals / QK;
@@ -408,40 +447,40 @@ pub fn quantize_row(ty: TqType, x: &[f32], out: &mut [u8]) {
 
 /// Decodes `x` into `y` at an explicit level (panics if unsupported or on a
 /// length mismatch).
-pub fn dequantize_row_at(level: SimdLevel, ty: TqType, x: &[u8], y: &mut [f32]) {
+pub fn dequantize_row_at<T: RowType>(level: SimdLevel, ty: T, x: &[u8], y: &mut [f32]) {
     check_level(level);
     let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { dequantize_raw(level, ty, x.as_ptr(), y.as_mut_ptr(), nb) }
 }
 
 /// Decodes with the fastest level.
-pub fn dequantize_row(ty: TqType, x: &[u8], y: &mut [f32]) {
+pub fn dequantize_row<T: RowType>(ty: T, x: &[u8], y: &mut [f32]) {
     let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { dequantize_raw(simd_level(), ty, x.as_ptr(), y.as_mut_ptr(), nb) }
 }
 
 /// Dot product of encoded `x` with `y` at an explicit level.
-pub fn vec_dot_row_at(level: SimdLevel, ty: TqType, x: &[u8], y: &[f32]) -> f32 {
+pub fn vec_dot_row_at<T: RowType>(level: SimdLevel, ty: T, x: &[u8], y: &[f32]) -> f32 {
     check_level(level);
     let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { vec_dot_raw(level, ty, x.as_ptr(), y.as_ptr(), nb) }
 }
 
 /// Dot product with the fastest level.
-pub fn vec_dot_row(ty: TqType, x: &[u8], y: &[f32]) -> f32 {
+pub fn vec_dot_row<T: RowType>(ty: T, x: &[u8], y: &[f32]) -> f32 {
     let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { vec_dot_raw(simd_level(), ty, x.as_ptr(), y.as_ptr(), nb) }
 }
 
 /// `y += v * decode(x)` at an explicit level.
-pub fn mad_row_at(level: SimdLevel, ty: TqType, x: &[u8], y: &mut [f32], v: f32) {
+pub fn mad_row_at<T: RowType>(level: SimdLevel, ty: T, x: &[u8], y: &mut [f32], v: f32) {
     check_level(level);
     let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { mad_raw(level, ty, x.as_ptr(), y.as_mut_ptr(), nb, v) }
 }
 
 /// `y += v * decode(x)` with the fastest level.
-pub fn mad_row(ty: TqType, x: &[u8], y: &mut [f32], v: f32) {
+pub fn mad_row<T: RowType>(ty: T, x: &[u8], y: &mut [f32], v: f32) {
     let nb = check_rows(ty.block_bytes(), x.len(), y.len());
     unsafe { mad_raw(simd_level(), ty, x.as_ptr(), y.as_mut_ptr(), nb, v) }
 }
@@ -476,9 +515,9 @@ pub(crate) fn check_tile(
 
 /// `out[r] = dot(decode(row r), q)` for `out.len()` rows of `q.len()` values,
 /// `stride` bytes apart in `x`, at an explicit level.
-pub fn dot_rows_at(
+pub fn dot_rows_at<T: RowType>(
     level: SimdLevel,
-    ty: TqType,
+    ty: T,
     x: &[u8],
     stride: usize,
     q: &[f32],
@@ -502,9 +541,9 @@ pub fn dot_rows_at(
 
 /// `y += Σ_r w[r] * decode(row r)` for `w.len()` rows of `y.len()` values,
 /// `stride` bytes apart in `x`, at an explicit level.
-pub fn mad_rows_at(
+pub fn mad_rows_at<T: RowType>(
     level: SimdLevel,
-    ty: TqType,
+    ty: T,
     x: &[u8],
     stride: usize,
     w: &[f32],

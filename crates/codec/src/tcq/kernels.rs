@@ -26,7 +26,7 @@
 use super::block::TcqType;
 use super::tables::{TCQ2_L, TCQ2_TABLE, TCQ3_L, TCQ3_TABLE};
 use crate::block::decode_scale;
-use crate::kernels::{check_level, check_rows, check_tile, SimdLevel};
+use crate::kernels::{scalar_row_kernels, RowKernels, RowType, SimdLevel};
 use crate::QK;
 
 // The window extraction reads 8-bit states from 32-bit words (L <= k + 8 and
@@ -155,229 +155,51 @@ pub mod scalar {
     }
 }
 
-/// Whether `level` runs the x86 kernels (AVX2 + FMA; AVX-512 CPUs have both).
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn simd(level: SimdLevel) -> bool {
-    level >= SimdLevel::Avx2
+macro_rules! avx2_row_kernels {
+    ($k:literal) => {
+        RowKernels {
+            dequantize: super::x86::avx2_dequantize::<$k>,
+            vec_dot: super::x86::avx2_vec_dot::<$k>,
+            mad: super::x86::avx2_mad::<$k>,
+            dot_rows: super::x86::avx2_dot_rows::<$k>,
+            mad_rows: super::x86::avx2_mad_rows::<$k>,
+        }
+    };
 }
 
-/// Decodes `nb` blocks at `level`.
-///
-/// # Safety
-/// `x` points to `nb * ty.block_bytes()` readable bytes, `y` to `nb * 64`
-/// writable floats, and the CPU supports `level`.
-#[inline(always)]
-pub unsafe fn dequantize_raw(level: SimdLevel, ty: TcqType, x: *const u8, y: *mut f32, nb: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if simd(level) {
-        return match ty {
-            TcqType::Turbo3Tcq => super::x86::avx2_dequantize::<3>(x, y, nb),
-            TcqType::Turbo2Tcq => super::x86::avx2_dequantize::<2>(x, y, nb),
+const SCALAR_ROW: [RowKernels; 2] = [
+    scalar_row_kernels!(self::scalar, TcqType::Turbo3Tcq),
+    scalar_row_kernels!(self::scalar, TcqType::Turbo2Tcq),
+];
+
+#[cfg(target_arch = "x86_64")]
+const AVX2_ROW: [RowKernels; 2] = [avx2_row_kernels!(3), avx2_row_kernels!(2)];
+#[cfg(not(target_arch = "x86_64"))]
+const AVX2_ROW: [RowKernels; 2] = SCALAR_ROW;
+
+/// `KERNELS[level][type]` (type in `TcqType` order); the AVX-512 level runs the AVX2
+/// kernels (AVX-512 CPUs have AVX2 and FMA).
+static KERNELS: [[RowKernels; 2]; 3] = [SCALAR_ROW, AVX2_ROW, AVX2_ROW];
+
+impl RowType for TcqType {
+    #[inline(always)]
+    fn block_bytes(self) -> usize {
+        TcqType::block_bytes(self)
+    }
+    #[inline(always)]
+    fn kernels(self, level: SimdLevel) -> &'static RowKernels {
+        let t = match self {
+            TcqType::Turbo3Tcq => 0,
+            TcqType::Turbo2Tcq => 1,
         };
-    }
-    let _ = level;
-    let xs = core::slice::from_raw_parts(x, nb * ty.block_bytes());
-    scalar::dequantize_row(ty, xs, core::slice::from_raw_parts_mut(y, nb * QK))
-}
-
-/// `Σ decode(x) * q` over `nb` blocks at `level`.
-///
-/// # Safety
-/// As [`dequantize_raw`], with `q` pointing to `nb * 64` readable floats.
-#[inline(always)]
-pub unsafe fn vec_dot_raw(
-    level: SimdLevel,
-    ty: TcqType,
-    x: *const u8,
-    q: *const f32,
-    nb: usize,
-) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if simd(level) {
-        return match ty {
-            TcqType::Turbo3Tcq => super::x86::avx2_vec_dot::<3>(x, q, nb),
-            TcqType::Turbo2Tcq => super::x86::avx2_vec_dot::<2>(x, q, nb),
-        };
-    }
-    let _ = level;
-    let xs = core::slice::from_raw_parts(x, nb * ty.block_bytes());
-    scalar::vec_dot_row(ty, xs, core::slice::from_raw_parts(q, nb * QK))
-}
-
-/// `y += v * decode(x)` over `nb` blocks at `level`.
-///
-/// # Safety
-/// As [`dequantize_raw`].
-#[inline(always)]
-pub unsafe fn mad_raw(level: SimdLevel, ty: TcqType, x: *const u8, y: *mut f32, nb: usize, v: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if simd(level) {
-        return match ty {
-            TcqType::Turbo3Tcq => super::x86::avx2_mad::<3>(x, y, nb, v),
-            TcqType::Turbo2Tcq => super::x86::avx2_mad::<2>(x, y, nb, v),
-        };
-    }
-    let _ = level;
-    let xs = core::slice::from_raw_parts(x, nb * ty.block_bytes());
-    scalar::mad_row(ty, xs, core::slice::from_raw_parts_mut(y, nb * QK), v)
-}
-
-/// `out[r] = dot(decode(row r), q)` for `nrows` rows `stride` bytes apart,
-/// each `nb` blocks (a flash-attention key tile; as
-/// `crate::kernels::dot_rows_raw`).
-///
-/// # Safety
-/// `x` points to `(nrows - 1) * stride + nb * ty.block_bytes()` readable bytes
-/// (nothing when `nrows == 0`), `q` to `nb * 64` floats, `out` to `nrows`
-/// writable floats, and the CPU supports `level`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub unsafe fn dot_rows_raw(
-    level: SimdLevel,
-    ty: TcqType,
-    x: *const u8,
-    stride: usize,
-    nrows: usize,
-    q: *const f32,
-    nb: usize,
-    out: *mut f32,
-) {
-    if nrows == 0 {
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd(level) {
-        return match ty {
-            TcqType::Turbo3Tcq => super::x86::avx2_dot_rows::<3>(x, stride, nrows, q, nb, out),
-            TcqType::Turbo2Tcq => super::x86::avx2_dot_rows::<2>(x, stride, nrows, q, nb, out),
-        };
-    }
-    let _ = level;
-    let xs = core::slice::from_raw_parts(x, (nrows - 1) * stride + nb * ty.block_bytes());
-    let qs = core::slice::from_raw_parts(q, nb * QK);
-    scalar::dot_rows(
-        ty,
-        xs,
-        stride,
-        qs,
-        core::slice::from_raw_parts_mut(out, nrows),
-    )
-}
-
-/// `y += Σ_r w[r] * decode(row r)` over `nrows` rows `stride` bytes apart,
-/// rows in order: bit-exact with `nrows` calls of [`mad_raw`] (a
-/// flash-attention value tile; as `crate::kernels::mad_rows_raw`).
-///
-/// # Safety
-/// As [`dot_rows_raw`], with `w` pointing to `nrows` floats and `y` to
-/// `nb * 64` writable floats.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub unsafe fn mad_rows_raw(
-    level: SimdLevel,
-    ty: TcqType,
-    x: *const u8,
-    stride: usize,
-    nrows: usize,
-    w: *const f32,
-    y: *mut f32,
-    nb: usize,
-) {
-    if nrows == 0 {
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd(level) {
-        return match ty {
-            TcqType::Turbo3Tcq => super::x86::avx2_mad_rows::<3>(x, stride, nrows, w, y, nb),
-            TcqType::Turbo2Tcq => super::x86::avx2_mad_rows::<2>(x, stride, nrows, w, y, nb),
-        };
-    }
-    let _ = level;
-    let xs = core::slice::from_raw_parts(x, (nrows - 1) * stride + nb * ty.block_bytes());
-    let ws = core::slice::from_raw_parts(w, nrows);
-    scalar::mad_rows(
-        ty,
-        xs,
-        stride,
-        ws,
-        core::slice::from_raw_parts_mut(y, nb * QK),
-    )
-}
-
-// ------------------------------------------------------ safe row API ---
-
-/// Decodes `x` into `y` at `level` (panics if unsupported or on a length
-/// mismatch).
-pub fn dequantize_row_at(level: SimdLevel, ty: TcqType, x: &[u8], y: &mut [f32]) {
-    check_level(level);
-    let nb = check_rows(ty.block_bytes(), x.len(), y.len());
-    unsafe { dequantize_raw(level, ty, x.as_ptr(), y.as_mut_ptr(), nb) }
-}
-
-/// `Σ decode(x) * q` at `level`.
-pub fn vec_dot_row_at(level: SimdLevel, ty: TcqType, x: &[u8], q: &[f32]) -> f32 {
-    check_level(level);
-    let nb = check_rows(ty.block_bytes(), x.len(), q.len());
-    unsafe { vec_dot_raw(level, ty, x.as_ptr(), q.as_ptr(), nb) }
-}
-
-/// `y += v * decode(x)` at `level`.
-pub fn mad_row_at(level: SimdLevel, ty: TcqType, x: &[u8], y: &mut [f32], v: f32) {
-    check_level(level);
-    let nb = check_rows(ty.block_bytes(), x.len(), y.len());
-    unsafe { mad_raw(level, ty, x.as_ptr(), y.as_mut_ptr(), nb, v) }
-}
-
-/// `out[r] = dot(decode(row r), q)` for `out.len()` rows of `q.len()` values,
-/// `stride` bytes apart in `x`, at `level`.
-pub fn dot_rows_at(
-    level: SimdLevel,
-    ty: TcqType,
-    x: &[u8],
-    stride: usize,
-    q: &[f32],
-    out: &mut [f32],
-) {
-    check_level(level);
-    let nb = check_tile(ty.block_bytes(), x.len(), stride, out.len(), q.len());
-    unsafe {
-        dot_rows_raw(
-            level,
-            ty,
-            x.as_ptr(),
-            stride,
-            out.len(),
-            q.as_ptr(),
-            nb,
-            out.as_mut_ptr(),
-        )
+        &KERNELS[level as usize][t]
     }
 }
 
-/// `y += Σ_r w[r] * decode(row r)` for `w.len()` rows of `y.len()` values,
-/// `stride` bytes apart in `x`, at `level`.
-pub fn mad_rows_at(
-    level: SimdLevel,
-    ty: TcqType,
-    x: &[u8],
-    stride: usize,
-    w: &[f32],
-    y: &mut [f32],
-) {
-    check_level(level);
-    let nb = check_tile(ty.block_bytes(), x.len(), stride, w.len(), y.len());
-    unsafe {
-        mad_rows_raw(
-            level,
-            ty,
-            x.as_ptr(),
-            stride,
-            w.len(),
-            w.as_ptr(),
-            y.as_mut_ptr(),
-            nb,
-        )
-    }
-}
+// The raw dispatchers and the safe row API are the turbo types' ones, generic over
+// [`RowType`].
+pub use crate::kernels::{
+    dequantize_raw, dequantize_row_at, dot_rows_at, dot_rows_raw, mad_raw, mad_row_at, mad_rows_at,
+    mad_rows_raw, vec_dot_raw, vec_dot_row_at,
+};
