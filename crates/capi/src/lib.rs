@@ -262,17 +262,24 @@ fn nblocks(k: i64) -> usize {
     }
 }
 
+/// ggml `from_float` of a turbo type: `k` floats into `k / 64` blocks (the scalar encoder).
+fn turbo_quantize_raw(ty: TqType, x: *const f32, y: *mut c_void, k: i64) {
+    let nb = nblocks(k);
+    // SAFETY (caller): ggml passes k floats and room for k / 64 blocks.
+    let xs = unsafe { core::slice::from_raw_parts(x, nb * QK) };
+    let ys = unsafe { core::slice::from_raw_parts_mut(y as *mut u8, nb * ty.block_bytes()) };
+    kernels::scalar::quantize_row(ty, xs, ys);
+}
+
+/// The four ggml type-trait hooks of one block type (turbo or trellis): `$encode` is its
+/// `from_float`; decoding goes through the codec's dispatching row kernels
+/// ([`kernels::RowType`]), the same for both families.
 macro_rules! ggml_hooks {
-    ($ty:expr, $q:ident, $dq:ident, $dot:ident, $mad:ident) => {
+    ($ty:expr, $encode:ident, $q:ident, $dq:ident, $dot:ident, $mad:ident) => {
         /// ggml `from_float`: encodes `k` floats.
         #[no_mangle]
         pub unsafe extern "C" fn $q(x: *const f32, y: *mut c_void, k: i64) {
-            guard_void(|| {
-                let nb = nblocks(k);
-                let xs = core::slice::from_raw_parts(x, nb * QK);
-                let ys = core::slice::from_raw_parts_mut(y as *mut u8, nb * $ty.block_bytes());
-                kernels::scalar::quantize_row($ty, xs, ys);
-            })
+            guard_void(|| $encode($ty, x, y, k))
         }
 
         /// ggml `to_float`: decodes `k` values.
@@ -315,6 +322,7 @@ macro_rules! ggml_hooks {
 
 ggml_hooks!(
     TqType::Turbo2,
+    turbo_quantize_raw,
     tq_ggml_quantize_row_turbo2,
     tq_ggml_dequantize_row_turbo2,
     tq_ggml_vec_dot_turbo2_f32,
@@ -322,6 +330,7 @@ ggml_hooks!(
 );
 ggml_hooks!(
     TqType::Turbo3,
+    turbo_quantize_raw,
     tq_ggml_quantize_row_turbo3,
     tq_ggml_dequantize_row_turbo3,
     tq_ggml_vec_dot_turbo3_f32,
@@ -329,17 +338,17 @@ ggml_hooks!(
 );
 ggml_hooks!(
     TqType::Turbo4,
+    turbo_quantize_raw,
     tq_ggml_quantize_row_turbo4,
     tq_ggml_dequantize_row_turbo4,
     tq_ggml_vec_dot_turbo4_f32,
     tq_ggml_mad_turbo4
 );
 
-/// The flash-attention tile hooks of one type over a kernels module (`kernels` for the
-/// turbo types, `tcq::kernels` for the trellis ones), which has `dot_rows_raw` and
-/// `mad_rows_raw` with the same signatures.
+/// The flash-attention tile hooks of one block type (turbo or trellis), on the codec's
+/// dispatching row kernels ([`kernels::RowType`]).
 macro_rules! ggml_tile_hooks {
-    ($k:ident, $ty:expr, $dot_rows:ident, $mad_rows:ident) => {
+    ($ty:expr, $dot_rows:ident, $mad_rows:ident) => {
         /// Flash-attention key tile: `scores[r] = dot(decode(x + r * stride), q)`
         /// over `k` values, `r < nrows`.
         #[no_mangle]
@@ -354,7 +363,7 @@ macro_rules! ggml_tile_hooks {
             guard_void(|| {
                 let n = nrows.max(0) as usize;
                 let (x, nb) = (x as *const u8, nblocks(k));
-                $k::dot_rows_raw(simd_level(), $ty, x, stride, n, q, nb, scores)
+                kernels::dot_rows_raw(simd_level(), $ty, x, stride, n, q, nb, scores)
             })
         }
 
@@ -371,26 +380,23 @@ macro_rules! ggml_tile_hooks {
             guard_void(|| {
                 let n = nrows.max(0) as usize;
                 let (x, nb) = (x as *const u8, nblocks(k));
-                $k::mad_rows_raw(simd_level(), $ty, x, stride, n, w, y, nb)
+                kernels::mad_rows_raw(simd_level(), $ty, x, stride, n, w, y, nb)
             })
         }
     };
 }
 
 ggml_tile_hooks!(
-    kernels,
     TqType::Turbo2,
     tq_ggml_dot_rows_turbo2,
     tq_ggml_mad_rows_turbo2
 );
 ggml_tile_hooks!(
-    kernels,
     TqType::Turbo3,
     tq_ggml_dot_rows_turbo3,
     tq_ggml_mad_rows_turbo3
 );
 ggml_tile_hooks!(
-    kernels,
     TqType::Turbo4,
     tq_ggml_dot_rows_turbo4,
     tq_ggml_mad_rows_turbo4
@@ -464,68 +470,17 @@ fn tcq_quantize_raw(ty: TcqType, x: *const f32, y: *mut c_void, k: i64) {
     let _ = tcq::codec::quantize_thread_scratch(ty, xs, ys);
 }
 
-macro_rules! tcq_hooks {
-    ($ty:expr, $q:ident, $dq:ident, $dot:ident, $mad:ident) => {
-        /// ggml `from_float`: encodes `k` floats.
-        #[no_mangle]
-        pub unsafe extern "C" fn $q(x: *const f32, y: *mut c_void, k: i64) {
-            guard_void(|| tcq_quantize_raw($ty, x, y, k))
-        }
-
-        /// ggml `to_float`: decodes `k` values.
-        #[no_mangle]
-        pub unsafe extern "C" fn $dq(x: *const c_void, y: *mut f32, k: i64) {
-            guard_void(|| {
-                let nb = nblocks(k);
-                let xs = core::slice::from_raw_parts(x as *const u8, nb * $ty.block_bytes());
-                let ys = core::slice::from_raw_parts_mut(y, nb * QK);
-                let _ = turboquant_codec::tcq::codec::dequantize($ty, xs, ys);
-            })
-        }
-
-        /// ggml `vec_dot`: `s[0] = dot(x, y)` over `n` values (only `nrc == 1`
-        /// is meaningful; strides are unused).
-        #[no_mangle]
-        pub unsafe extern "C" fn $dot(
-            n: c_int,
-            s: *mut f32,
-            _bs: usize,
-            x: *const c_void,
-            _bx: usize,
-            y: *const c_void,
-            _by: usize,
-            _nrc: c_int,
-        ) {
-            guard_void(|| {
-                let nb = nblocks(n as i64);
-                let xs = core::slice::from_raw_parts(x as *const u8, nb * $ty.block_bytes());
-                let ys = core::slice::from_raw_parts(y as *const f32, nb * QK);
-                *s = turboquant_codec::tcq::codec::vec_dot($ty, xs, ys).unwrap_or(0.0);
-            })
-        }
-
-        /// Flash-attention V accumulation: `y[0..k) += v * decode(x)`.
-        #[no_mangle]
-        pub unsafe extern "C" fn $mad(x: *const c_void, y: *mut f32, k: i64, v: f32) {
-            guard_void(|| {
-                let nb = nblocks(k);
-                let xs = core::slice::from_raw_parts(x as *const u8, nb * $ty.block_bytes());
-                let ys = core::slice::from_raw_parts_mut(y, nb * QK);
-                let _ = turboquant_codec::tcq::codec::mad($ty, xs, ys, v);
-            })
-        }
-    };
-}
-
-tcq_hooks!(
+ggml_hooks!(
     turboquant_codec::tcq::TcqType::Turbo3Tcq,
+    tcq_quantize_raw,
     tq_ggml_quantize_row_turbo3_tcq,
     tq_ggml_dequantize_row_turbo3_tcq,
     tq_ggml_vec_dot_turbo3_tcq_f32,
     tq_ggml_mad_turbo3_tcq
 );
-tcq_hooks!(
+ggml_hooks!(
     turboquant_codec::tcq::TcqType::Turbo2Tcq,
+    tcq_quantize_raw,
     tq_ggml_quantize_row_turbo2_tcq,
     tq_ggml_dequantize_row_turbo2_tcq,
     tq_ggml_vec_dot_turbo2_tcq_f32,

@@ -34,13 +34,11 @@ pub fn tcq_type_of(t: c_int) -> Result<TcqType, TqError> {
 }
 
 ggml_tile_hooks!(
-    kernels,
     TcqType::Turbo3Tcq,
     tq_ggml_dot_rows_turbo3_tcq,
     tq_ggml_mad_rows_turbo3_tcq
 );
 ggml_tile_hooks!(
-    kernels,
     TcqType::Turbo2Tcq,
     tq_ggml_dot_rows_turbo2_tcq,
     tq_ggml_mad_rows_turbo2_tcq
