@@ -140,19 +140,6 @@ fn pairwise8(a: &[f64; 8]) -> f64 {
     ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
 }
 
-/// `#{k : u > thr[k]}` for the `2 * half - 1` ascending thresholds in `thr`,
-/// by a branchless binary search (the same count as a linear scan).
-#[inline(always)]
-pub fn index_of(u: f64, thr: &[f64; 15], half: usize) -> usize {
-    let mut k = 0usize;
-    let mut step = half;
-    while step > 0 {
-        k += step * (u > thr[k + step - 1]) as usize;
-        step /= 2;
-    }
-    k
-}
-
 /// Encodes `x.len() / 64` blocks.
 ///
 /// The same scalar code is also compiled with AVX2 / AVX-512 enabled and picked
@@ -260,34 +247,5 @@ pub fn mad_rows(ty: TqType, x: &[u8], stride: usize, w: &[f32], y: &mut [f32]) {
     let len = y.len() / QK * ty.block_bytes();
     for (r, &wr) in w.iter().enumerate() {
         mad_row(ty, &x[r * stride..r * stride + len], y, wr);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn binary_search_equals_linear_count() {
-        for ty in TqType::ALL {
-            let t = ty.thresholds();
-            let mut thr = [0f64; 15];
-            for (d, &v) in thr.iter_mut().zip(t) {
-                *d = v as f64;
-            }
-            let mut probes: Vec<f64> = vec![-1.0, 1.0, 0.0, -0.0, -1e-300, 1e-300];
-            for &v in t {
-                let v = v as f64;
-                // exactly on a threshold (ties go to the lower centroid) and next to it
-                probes.extend([v, v.next_up(), v.next_down()]);
-            }
-            for i in -4000..=4000 {
-                probes.push(i as f64 * 1e-4);
-            }
-            for u in probes {
-                let want = t.iter().filter(|&&x| u > x as f64).count();
-                assert_eq!(index_of(u, &thr, ty.levels() / 2), want, "{ty:?} u={u}");
-            }
-        }
     }
 }
