@@ -103,30 +103,42 @@ fn perplexity(
 /// at `-t 1` and `-t 2` is the same to every digit, and so are the base logits: ggml splits
 /// rows between threads, never a sum), only the wall time does.
 fn guard_jobs() -> usize {
-    std::env::var("TQ_GUARD_JOBS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
-        .unwrap_or(1)
-        .clamp(1, GUARDS.len())
+    let jobs = match std::env::var("TQ_GUARD_JOBS") {
+        Ok(s) => s
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| panic!("TQ_GUARD_JOBS={s:?}: expected a positive integer")),
+        Err(_) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    jobs.min(GUARDS.len())
 }
 
 /// Every row of `GUARDS` against the base logits, `jobs` at a time; outputs in `GUARDS` order.
 fn run_pairs(base: &std::path::Path, jobs: usize) -> Vec<String> {
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let outs: Vec<std::sync::Mutex<String>> = GUARDS.iter().map(|_| Default::default()).collect();
-    std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(&(k, v, _, _)) = GUARDS.get(i) else {
-                    break;
-                };
-                *outs[i].lock().unwrap() = perplexity(k, v, base, false, 1);
-            });
-        }
+    let mut done: Vec<(usize, String)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..jobs)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(k, v, _, _)) = GUARDS.get(i) else {
+                            return mine;
+                        };
+                        mine.push((i, perplexity(k, v, base, false, 1)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
     });
-    outs.into_iter().map(|m| m.into_inner().unwrap()).collect()
+    done.sort_by_key(|&(i, _)| i);
+    done.into_iter().map(|(_, out)| out).collect()
 }
 
 #[test]
