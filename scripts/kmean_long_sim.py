@@ -16,6 +16,9 @@ so only the noise differs between the variants:
   rope-frame  key p stores k_p - R_p mu, mu the pre-RoPE mean of the first B keys
               (R_p^-1 k_p averaged), the per-key term q.R_p mu added back exactly
   +bal        the same m with llama.cpp's K/Q balancing s from the first B tokens
+              (for rope-frame: the same formula on the residual k_p - R_p mu)
+  +ubal       rope-frame only: balancing with every key weighted alike (the first version
+              of this script, which made rope-frame+bal look worse than rope-frame)
   +bal-all    balancing statistics from all T tokens (hindsight)
 
     python3 scripts/kmean_long_sim.py smol8k.tqkv [--tokens 4096] [--distortion 0.0307]
@@ -32,6 +35,7 @@ ap.add_argument("--distortion", type=float, default=0.0307)
 ap.add_argument("--first", type=int, default=512, help="tokens of the first ubatch")
 ap.add_argument("--stride", type=int, default=128)
 ap.add_argument("--layers", default="", help="comma-separated layers (default: all)")
+ap.add_argument("--seed", type=int, default=0, help="noise draw")
 ap.add_argument("--variants", default="none,plain,fitted,oracle,rope-frame,fitted+bal,fitted+bal-all")
 a = ap.parse_args()
 
@@ -47,7 +51,7 @@ T = min(T0, a.tokens) if a.tokens else T0
 B, g = min(a.first, T), nh // nkv
 layers = [int(x) for x in a.layers.split(",")] if a.layers else list(range(L))
 variants = a.variants.split(",")
-rng = np.random.default_rng(0)
+rng = np.random.default_rng(a.seed)
 pos = np.arange(T)
 
 
@@ -94,9 +98,9 @@ def tie(x, w):
     return y
 
 
-def balance(k, q, m, w, n_tok):
-    """llama.cpp's s (tq-kmean.h) from the first n_tok tokens: attention weights of the last
-    64 queries, key energy left after m, query energy over tokens and heads"""
+def attn_weights(k, q, n_tok):
+    """attention each of the first n_tok keys gets from the last 64 of those queries, averaged
+    over them and the query heads (tq-kmean.h's balancing weights)"""
     nql = min(n_tok, 64)
     wt = np.zeros(n_tok)
     for j in range(g):
@@ -105,6 +109,13 @@ def balance(k, q, m, w, n_tok):
         A = np.exp(A - A.max(1, keepdims=True))
         A /= A.sum(1, keepdims=True)
         wt += A.mean(0) / g
+    return wt
+
+
+def balance(k, q, m, w, n_tok):
+    """llama.cpp's s (tq-kmean.h) from the first n_tok tokens: attention weights of the last
+    64 queries, key energy left after m, query energy over tokens and heads"""
+    wt = attn_weights(k, q, n_tok)
     # energy left after m at the cache's T positions, estimated as llama.cpp does:
     # sum_j w_j k_j^2 - 2 m (F kbar_w) + m^2, F the position map from n_tok to T positions
     kw = (wt[:, None] * k[:n_tok]).sum(0)
@@ -165,7 +176,12 @@ for l in range(L):
                 x = k - rot(np.tile(mu_s, (T, 1)), w, pos) - m
                 s = np.ones(d)
                 if bal:
-                    rk = np.maximum(tie((x[:B] ** 2).mean(0), w), 1e-20)
+                    # llama.cpp's formula on the residual, its key energy weighted by the
+                    # attention the first ubatch's last queries give each key (+ubal: every
+                    # key alike). Per pair the residual's energy does not depend on position,
+                    # so the first B tokens estimate it for all T.
+                    wt = attn_weights(k, q, B) if bal == "bal" else np.full(B, 1.0 / B)
+                    rk = np.maximum(tie((wt[:, None] * x[:B] ** 2).sum(0), w), 1e-20)
                     rq = np.maximum(tie((q[:B] ** 2).mean((0, 1)), w), 1e-20)
                     s = np.clip(rq / rk, 1e-12, 1e12) ** 0.25
                     s = np.clip(s * np.sqrt(rk.sum() / (s * s * rk).sum()), 1 / 8, 8)

@@ -11,6 +11,7 @@ extern "C" {
     fn tq_test_mul_mat(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kbal(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_kmean_rope(err: *mut c_char, cap: usize) -> c_int;
     #[allow(clippy::too_many_arguments)]
     fn tq_test_flash_attn_tiles(
         k_type: c_int,
@@ -158,4 +159,12 @@ fn k_mean_removal_modes_invariance_and_k_shift() {
 #[test]
 fn k_q_channel_balancing_is_logit_exact_and_rope_tied() {
     check(|e, n| unsafe { tq_test_kbal(e, n) });
+}
+
+/// The K mean in RoPE's frame (ggml-ext/include/tq-kmean-rope.h): every logit exact per key
+/// through the per-head mask and through the f32 keys, SET and KEEP, with and without
+/// balancing, both RoPE layouts; SET takes the roped common component out at every position.
+#[test]
+fn k_mean_in_rope_frame_is_logit_exact_per_key() {
+    check(|e, n| unsafe { tq_test_kmean_rope(e, n) });
 }

@@ -53,6 +53,7 @@
 #define TQ_KMEAN_H
 
 #include "ggml.h"
+#include "tq-kmean-rope.h"
 
 #include <algorithm>
 #include <complex>
@@ -62,7 +63,7 @@
 
 /* Graph tensors K mean removal and K/Q balancing may add per layer on a prefill ubatch,
    added to llama's graph budget (llama_context::graph_max_nodes). */
-#define TQ_KMEAN_GRAPH_NODES_PER_LAYER 128u
+#define TQ_KMEAN_GRAPH_NODES_PER_LAYER 384u
 
 enum tq_kmean_mode { TQ_KMEAN_ZERO = 0, TQ_KMEAN_SET = 1, TQ_KMEAN_KEEP = 2 };
 
@@ -167,10 +168,12 @@ static inline ggml_tensor * tq_kbal_wsum(ggml_context * ctx, ggml_tensor * x, gg
 
 /* s from this ubatch (SET statistics): k_cur [hd, nkv, nt] keys, q [hd, nq, nt] (both
    contiguous), M the position map, m_b = M kbar, per_tok the [1, nt, 1] weights 1 / nt of
-   the key mean. Returns s [hd, nkv]. */
+   the key mean. With the mean in RoPE's frame (tq-kmean-rope.h) map and m_b are NULL and
+   resid [hd, nkv, nt] is what the keys store, k - R_p mu: per pair its energy does not depend
+   on the position, so this ubatch's is the cache's. Returns s [hd, nkv]. */
 static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * q,
                                           ggml_tensor * map, ggml_tensor * m_b, ggml_tensor * per_tok,
-                                          float kq_scale, bool neox) {
+                                          float kq_scale, bool neox, ggml_tensor * resid) {
     const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2];
     const int64_t nq = q->ne[1], g = nq / nkv;
     // Which keys' errors matter: those the queries attend to. w_j = attention to key j
@@ -186,11 +189,16 @@ static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cu
     ggml_tensor * w  = tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, p, nt, nql * g, nkv),
                                     tq_kbal_const(ctx, kp, nql * g, nkv, 1.0f / (float) (nql * g))); // [nt, nkv]
     ggml_tensor * wb = ggml_reshape_3d(ctx, w, 1, nt, nkv);
-    // the key energy left after m at the cache's positions: sum_j w_j k_j^2 - 2 m (M kbar_w) + m^2
-    ggml_tensor * e2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, kp), wb);                                     // [hd, nkv]
-    ggml_tensor * kw = tq_kbal_wsum(ctx, kp, wb);
-    ggml_tensor * mw = ggml_mul_mat(ctx, map, kw);
-    ggml_tensor * rk = ggml_add(ctx, ggml_sub(ctx, e2, ggml_scale(ctx, ggml_mul(ctx, m_b, mw), 2.0f)), ggml_sqr(ctx, m_b));
+    ggml_tensor * rk;
+    if (resid) {
+        rk = tq_kbal_wsum(ctx, ggml_sqr(ctx, ggml_cont(ctx, ggml_permute(ctx, resid, 0, 2, 1, 3))), wb);
+    } else {
+        // the key energy left after m at the cache's positions: sum_j w_j k_j^2 - 2 m (M kbar_w) + m^2
+        ggml_tensor * e2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, kp), wb);                                 // [hd, nkv]
+        ggml_tensor * kw = tq_kbal_wsum(ctx, kp, wb);
+        ggml_tensor * mw = ggml_mul_mat(ctx, map, kw);
+        rk = ggml_add(ctx, ggml_sub(ctx, e2, ggml_scale(ctx, ggml_mul(ctx, m_b, mw), 2.0f)), ggml_sqr(ctx, m_b));
+    }
     rk = ggml_clamp(ctx, tq_kbal_tie_pairs(ctx, rk, neox), 1e-20f, 1e20f);
     // query energy per channel over tokens and the g query heads of each KV head
     ggml_tensor * q2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, ggml_reshape_3d(ctx, q, hd * nq, nt, 1)), per_tok); // [hd nq, 1]
@@ -210,16 +218,22 @@ static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cu
 /* Before the cache's rotation: k_cur [hd, n_head_kv, n_tokens] (roped) -> s * k - m and
    q_cur [hd, n_head, n_tokens] -> q / s (balancing only), as the mode says (SET needs the
    position map `map` [hd, hd] and >= TQ_KMEAN_MIN_TOKENS tokens, and writes m and s back into
-   k_mean; ZERO writes m = 0, s = 1). Returns k_cur unchanged when k_mean is NULL. */
+   k_mean; ZERO writes m = 0, s = 1). Returns k_cur unchanged when k_mean is NULL.
+   A k_mean marked for RoPE's frame (tq-kmean-rope.h) needs the ubatch's position table
+   tab [hd, n_tokens] instead of map, stores s * k - R_p mu' and returns the per-key term's
+   coefficients in *coeffs. */
 static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor ** q_cur, ggml_tensor * k_cur,
-                                           ggml_tensor * k_mean, int mode, ggml_tensor * map, float kq_scale, bool neox) {
+                                           ggml_tensor * k_mean, int mode, ggml_tensor * map, float kq_scale, bool neox,
+                                           ggml_tensor * tab = nullptr, ggml_tensor ** coeffs = nullptr) {
     if (!k_cur || !k_mean) {
         return k_cur;
     }
+    const bool rf = tq_kmean_rope_is(k_mean);
+    GGML_ASSERT(!rf || mode == TQ_KMEAN_ZERO || (tab && coeffs && tab->ne[1] == k_cur->ne[2]));
     const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2], n = hd * nkv;
     const bool bal = k_mean->ne[0] == tq_kmean_floats(hd, nkv, true);
     GGML_ASSERT(bal || k_mean->ne[0] == tq_kmean_floats(hd, nkv, false));
-    GGML_ASSERT(mode != TQ_KMEAN_SET || (map && nt >= TQ_KMEAN_MIN_TOKENS));
+    GGML_ASSERT(mode != TQ_KMEAN_SET || ((map || rf) && nt >= TQ_KMEAN_MIN_TOKENS));
     ggml_tensor * m_st = tq_kmean_view(ctx, k_mean, hd, nkv);
     ggml_tensor * d_st = bal ? ggml_view_2d(ctx, k_mean, hd, nkv, hd * sizeof(float), (size_t) n * sizeof(float)) : nullptr; // s - 1
     if (mode == TQ_KMEAN_ZERO) {
@@ -238,12 +252,22 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
     }
     ggml_tensor * m_use = m_st;
     ggml_tensor * s_use = bal ? ggml_scale_bias(ctx, d_st, 1.0f, 1.0f) : nullptr;
-    if (mode == TQ_KMEAN_SET) {
+    if (mode == TQ_KMEAN_SET && rf) {
+        ggml_tensor * per_tok = tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt);
+        m_use = tq_rf_unrope_mean(ctx, k_cur, tab, per_tok, neox);                                      // mu
+        if (bal) {
+            ggml_tensor * resid = ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, neox));
+            s_use = tq_kbal_scale(ctx, k_cur, q, nullptr, nullptr, per_tok, kq_scale, neox, resid);
+            m_use = ggml_mul(ctx, m_use, s_use);                                                         // mu' = s mu
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_scale_bias(ctx, s_use, 1.0f, -1.0f), d_st));
+        }
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, m_use, m_st));
+    } else if (mode == TQ_KMEAN_SET) {
         ggml_tensor * per_tok = tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt);
         ggml_tensor * kbar = ggml_reshape_2d(ctx, tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, k_cur, n, nt, 1), per_tok), hd, nkv);
         m_use = ggml_mul_mat(ctx, map, kbar);                                                            // F kbar
         if (bal) {
-            s_use = tq_kbal_scale(ctx, k_cur, q, map, m_use, per_tok, kq_scale, neox);
+            s_use = tq_kbal_scale(ctx, k_cur, q, map, m_use, per_tok, kq_scale, neox, nullptr);
             m_use = ggml_mul(ctx, m_use, s_use);
             ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_scale_bias(ctx, s_use, 1.0f, -1.0f), d_st));
         }
@@ -255,16 +279,21 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
         *q_cur = ggml_reshape_3d(ctx, ggml_div(ctx, q4, ggml_reshape_4d(ctx, s_use, hd, 1, nkv, 1)), hd, nq, nt);
         k_cur = ggml_mul(ctx, k_cur, ggml_reshape_3d(ctx, s_use, hd, nkv, 1));
     }
+    if (rf) {
+        *coeffs = tq_rf_coeffs(ctx, ggml_is_contiguous(*q_cur) ? *q_cur : ggml_cont(ctx, *q_cur), m_use, neox);
+        return ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, neox));
+    }
     return ggml_sub(ctx, k_cur, ggml_reshape_3d(ctx, m_use, hd, nkv, 1));
 }
 
 /* K shift, in the channel frame (after rotating stored cells back, before rotating them
-   forward again): stored s*rope(k) - m -> add m, re-rope, subtract m. cur: f32 [hd, nh, cells]. */
+   forward again): stored s*rope(k) - m -> add m, re-rope, subtract m. cur: f32 [hd, nh, cells].
+   A mean in RoPE's frame needs neither (tq-kmean-rope.h). */
 static inline ggml_tensor * tq_kmean_unshift(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * k_mean) {
-    return k_mean ? ggml_add(ctx, cur, tq_kmean_view(ctx, k_mean, cur->ne[0], cur->ne[1])) : cur;
+    return k_mean && !tq_kmean_rope_is(k_mean) ? ggml_add(ctx, cur, tq_kmean_view(ctx, k_mean, cur->ne[0], cur->ne[1])) : cur;
 }
 static inline ggml_tensor * tq_kmean_reshift(ggml_context * ctx, ggml_tensor * cur, ggml_tensor * k_mean) {
-    return k_mean ? ggml_sub(ctx, cur, tq_kmean_view(ctx, k_mean, cur->ne[0], cur->ne[1])) : cur;
+    return k_mean && !tq_kmean_rope_is(k_mean) ? ggml_sub(ctx, cur, tq_kmean_view(ctx, k_mean, cur->ne[0], cur->ne[1])) : cur;
 }
 
 #endif /* TQ_KMEAN_H */

@@ -29,6 +29,17 @@ public:
             kv->tq_kmean_fill_map(*ubatch, buf.data(), map->ne[0]);
             ggml_backend_tensor_set(map, buf.data(), 0, ggml_nbytes(map));
         }
+        for (size_t i = 0; i < tab_ub.size(); ++i) {
+            std::vector<float> ub(tab_ub[i] ? ggml_nelements(tab_ub[i]) : 0), cells(tab_kv[i] ? ggml_nelements(tab_kv[i]) : 0);
+            kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i] ? ub.data() : nullptr,
+                                   tab_kv[i] ? cells.data() : nullptr, tab_kv[i] ? tab_kv[i]->ne[1] : 0);
+            if (tab_ub[i]) {
+                ggml_backend_tensor_set(tab_ub[i], ub.data(), 0, ggml_nbytes(tab_ub[i]));
+            }
+            if (tab_kv[i]) {
+                ggml_backend_tensor_set(tab_kv[i], cells.data(), 0, ggml_nbytes(tab_kv[i]));
+            }
+        }
     }
 
     // the graph fits a ubatch of the same mode (the positions only change the input's data)
@@ -40,7 +51,39 @@ public:
     const llama_kv_cache * kv;
     const int mode;
     ggml_tensor * map = nullptr; // SET only: f32 [hd_max * hd_max, n_layer], layer il's M in row il
+
+    // the mean in RoPE's frame (tq-kmean-rope.h), per set of RoPE frequencies: the position
+    // tables of the ubatch's tokens [hd, n_tokens] and of the cells in view [hd, n_kv]; per
+    // layer, the per-key term's coefficients from tq_kmean_apply
+    std::vector<ggml_tensor *> tab_ub, tab_kv;
+    std::vector<ggml_tensor *> coeffs;
 };
+
+// The position table of RoPE frequency set `set` for n columns (ubatch tokens or cells).
+static inline ggml_tensor * tq_kmean_rope_table(ggml_context * ctx, tq_kmean_input * in, std::vector<ggml_tensor *> & tabs,
+                                                int set, int64_t n, const char * name) {
+    if (tabs.size() <= (size_t) set) {
+        tabs.resize(set + 1, nullptr);
+        in->tab_ub.resize(set + 1, nullptr);
+        in->tab_kv.resize(set + 1, nullptr);
+    }
+    if (!tabs[set]) {
+        tabs[set] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, in->kv->tq_kmean_rope_hd(set), n);
+        ggml_set_input(tabs[set]);
+        ggml_format_name(tabs[set], "%s_%d", name, set);
+    }
+    return tabs[set];
+}
+
+static inline tq_kmean_input * tq_kmean_input_find(llm_graph_result * res, const llama_kv_cache * kv) {
+    for (auto & i : res->inputs) {
+        auto * t = dynamic_cast<tq_kmean_input *>(i.get());
+        if (t && t->kv == kv) {
+            return t;
+        }
+    }
+    return nullptr;
+}
 
 // The mode a graph is built for: the host's choice, or for a graph built before any ubatch
 // (the scheduler's reserve) the largest one its size allows.
@@ -62,13 +105,7 @@ static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf,
     }
     const llama_kv_cache * kv = mctx->tq_kv();
     // one input per cache and graph (an SWA model has two caches)
-    tq_kmean_input * in = nullptr;
-    for (auto & i : res->inputs) {
-        auto * t = dynamic_cast<tq_kmean_input *>(i.get());
-        if (t && t->kv == kv) {
-            in = t;
-        }
-    }
+    tq_kmean_input * in = tq_kmean_input_find(res, kv);
     if (!in) {
         in = static_cast<tq_kmean_input *>(
             res->add_input(std::make_unique<tq_kmean_input>(kv, tq_kmean_graph_mode(kv, k_cur->ne[2]))));
@@ -78,6 +115,15 @@ static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf,
         mode = TQ_KMEAN_ZERO; // not reached: the host picks SET only for a ubatch this large
     }
     ggml_tensor * map = nullptr;
+    if (tq_kmean_rope_is(k_mean) && mode != TQ_KMEAN_ZERO) {
+        const int set = kv->tq_kmean_rope_set(il);
+        GGML_ASSERT(set >= 0);
+        ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_ub, set, k_cur->ne[2], "tq_kmean_rope_ub");
+        if (in->coeffs.size() <= (size_t) il) {
+            in->coeffs.resize(il + 1, nullptr);
+        }
+        return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, nullptr, kq_scale, neox, tab, &in->coeffs[il]);
+    }
     if (mode == TQ_KMEAN_SET) {
         if (!in->map) {
             const int64_t hd = kv->tq_kmean_map_hd();
@@ -102,6 +148,31 @@ static inline ggml_tensor * tq_llama_attn_k(ggml_context * ctx, ggml_cgraph * gf
         return k_cur;
     }
     return tq_kmean_graph(ctx, gf, res, q_cur, k_cur, mctx, il, kq_scale, rope_type != LLAMA_ROPE_TYPE_NORM);
+}
+
+// The patch's call in build_attn after the mask is known: with the mean in RoPE's frame
+// (tq-kmean-rope.h) the per-key term q.R_p mu' goes back into attention, through a per-head
+// mask for few queries, or into K decoded to f32 for a prefill (rot: the cache's rotation).
+static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor ** kq_mask, ggml_tensor ** k,
+                                    const llama_kv_cache_context * mctx, int il, float kq_scale, ggml_tensor * rot,
+                                    int rope_type) {
+    const llama_kv_cache * kv = mctx->tq_kv();
+    ggml_tensor * k_mean = mctx->tq_get_k_mean(il);
+    tq_kmean_input * in = tq_kmean_rope_is(k_mean) ? tq_kmean_input_find(res, kv) : nullptr;
+    ggml_tensor * A = in && in->coeffs.size() > (size_t) il ? in->coeffs[il] : nullptr;
+    if (!A) {
+        return;
+    }
+    const int set = kv->tq_kmean_rope_set(il);
+    ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, (*k)->ne[2], "tq_kmean_rope_kv");
+    GGML_ASSERT(tab->ne[1] == (*k)->ne[2]);
+    if (A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS) {
+        const int64_t hd = (*k)->ne[0];
+        ggml_tensor * mu = tq_kmean_view(ctx, k_mean, hd, (*k)->ne[1]);
+        *k = tq_rf_keys(ctx, *k, mu, tab, rot, rope_type != LLAMA_ROPE_TYPE_NORM, llama_mul_mat_hadamard);
+    } else {
+        *kq_mask = tq_rf_mask(ctx, *kq_mask, A, tab, kq_scale);
+    }
 }
 
 // The patch's call before ggml_flash_attn_ext: K and V decoded to f32 for a CPU prefill over

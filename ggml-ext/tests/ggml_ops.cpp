@@ -684,3 +684,107 @@ extern "C" int tq_ggml_prepare_vec_dot(int t, const float * x, const float * y, 
 extern "C" size_t tq_ggml_row_size(int t, int64_t n) {
     return ggml_row_size((ggml_type) t, n);
 }
+
+// The K mean in RoPE's frame (tq-kmean-rope.h). Keys are roped copies of mu0 + noise at
+// scattered positions; a k_mean marked for the frame, SET and KEEP, with and without
+// balancing, both RoPE layouts. Checked: (1) every logit is exact per key (not only up to a
+// constant) through both ways the term goes back, the per-head mask and the f32 keys;
+// (2) SET takes the common component out at every position: the stored keys keep about the
+// noise's share of the raw keys' energy, which a fixed vector cannot reach at these positions.
+extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    const int64_t hd = 64, half = hd / 2, nkv = 2, g = 3, nq = nkv * g, n = hd * nkv;
+    const float kq_scale = 0.125f;
+    std::vector<double> w(half);
+    for (int64_t i = 0; i < half; ++i) w[i] = std::pow(10000.0, -2.0 * i / hd);
+    for (bool neox : { false, true })
+    for (bool bal : { false, true })
+    for (int mode : { TQ_KMEAN_SET, TQ_KMEAN_KEEP })
+    for (int64_t nt : { (int64_t) 40, (int64_t) 2 }) {
+        if (mode == TQ_KMEAN_SET && nt < TQ_KMEAN_MIN_TOKENS) continue;
+        Ctx c(64);
+        std::vector<int64_t> pos(nt);
+        for (int64_t t = 0; t < nt; ++t) pos[t] = 5 + 97 * t + (t * t) % 13;
+        auto ch = [&](int64_t i, int ab) { return neox ? i + ab * half : 2 * i + ab; };
+        // pre-RoPE keys mu0 + N(0, 1), |mu0_c| = 3, roped to their positions
+        const std::vector<float> noise = gaussian(n * nt, 41), qv = gaussian(hd * nq * nt, 42);
+        std::vector<float> kv(n * nt);
+        double e_raw = 0;
+        for (int64_t t = 0; t < nt; ++t)
+            for (int64_t h = 0; h < nkv; ++h)
+                for (int64_t i = 0; i < half; ++i) {
+                    const float * x = &noise[(t * nkv + h) * hd];
+                    const double a = x[ch(i, 0)] + 3.0 * (((i + h) % 2) ? 1 : -1), b = x[ch(i, 1)] + 3.0;
+                    const double cs = std::cos(pos[t] * w[i]), sn = std::sin(pos[t] * w[i]);
+                    float * k = &kv[(t * nkv + h) * hd];
+                    k[ch(i, 0)] = (float) (cs * a - sn * b);
+                    k[ch(i, 1)] = (float) (sn * a + cs * b);
+                    e_raw += a * a + b * b;
+                }
+        ggml_tensor * k = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nkv, nt);
+        ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nq, nt);
+        ggml_tensor * tab = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, nt); // tokens = cells here
+        fill(k, kv);
+        fill(q, qv);
+        for (int64_t t = 0; t < nt; ++t)
+            for (int64_t i = 0; i < half; ++i) {
+                ((float *) tab->data)[t * hd + i] = (float) std::cos(pos[t] * w[i]);
+                ((float *) tab->data)[t * hd + half + i] = (float) std::sin(pos[t] * w[i]);
+            }
+        ggml_tensor * km = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, tq_kmean_floats(hd, nkv, bal));
+        tq_kmean_rope_mark(km);
+        float * kmd = (float *) km->data;
+        const auto m0 = gaussian(n, 43, 2.0f), s0 = gaussian(n, 44, 0.2f); // KEEP: a stored mu' and s - 1
+        memcpy(kmd, m0.data(), n * sizeof(float));
+        if (bal)
+            for (int64_t h = 0; h < nkv; ++h) // s tied on each pair, as SET writes it
+                for (int64_t i = 0; i < half; ++i) kmd[n + h * hd + ch(i, 0)] = kmd[n + h * hd + ch(i, 1)] = s0[h * hd + i];
+        ggml_cgraph * gf = ggml_new_graph(c.ctx);
+        ggml_tensor * qs = q, * A = nullptr;
+        ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, mode, nullptr, kq_scale, neox, tab, &A);
+        if (!A) return err.fail("neox %d bal %d mode %d: no coefficients", neox, bal, mode);
+        ggml_tensor * mask = ggml_new_tensor_4d(c.ctx, GGML_TYPE_F32, nt, nt, 1, 1);
+        memset(mask->data, 0, ggml_nbytes(mask));
+        ggml_tensor * bias = tq_rf_mask(c.ctx, mask, A, tab, 1.0f);
+        ggml_tensor * kfull = tq_rf_keys(c.ctx, ggml_reshape_4d(c.ctx, ks, hd, nkv, nt, 1), tq_kmean_view(c.ctx, km, hd, nkv), tab,
+                                         nullptr, neox, nullptr);
+        ggml_build_forward_expand(gf, qs);
+        ggml_build_forward_expand(gf, ks);
+        ggml_build_forward_expand(gf, bias);
+        ggml_build_forward_expand(gf, kfull);
+        ggml_graph_compute_with_ctx(c.ctx, gf, 2);
+        const float * qo = (const float *) qs->data, * ko = (const float *) ks->data, * kf = (const float *) kfull->data,
+                    * bo = (const float *) bias->data;
+        // (1) q.k_j = q'.stored_j + bias = q'.(stored_j + R_p mu'), for every query and key
+        for (int64_t t = 0; t < nt; ++t)
+            for (int64_t h = 0; h < nq; ++h)
+                for (int64_t j = 0; j < nt; ++j) {
+                    const int64_t hk = h / g;
+                    double want = 0, st = 0, full = 0, sc = 0;
+                    for (int64_t i = 0; i < hd; ++i) {
+                        const double qi = qv[(t * nq + h) * hd + i], q2 = qo[(t * nq + h) * hd + i];
+                        want += qi * kv[(j * nkv + hk) * hd + i];
+                        st += q2 * ko[(j * nkv + hk) * hd + i];
+                        full += q2 * kf[(j * nkv + hk) * hd + i];
+                        sc += std::fabs(qi * kv[(j * nkv + hk) * hd + i]) + std::fabs(q2 * ko[(j * nkv + hk) * hd + i]);
+                    }
+                    const double via_mask = st + bo[(h * nt + t) * nt + j];
+                    if (std::fabs(via_mask - want) > 1e-5 * sc || std::fabs(full - want) > 1e-5 * sc)
+                        return err.fail("neox %d bal %d mode %d nt %lld: logit q%lld.k%lld head %lld %g, via mask %g, via keys %g",
+                                        neox, bal, mode, (long long) nt, (long long) t, (long long) j, (long long) h, want,
+                                        via_mask, full);
+                }
+        // (2) SET: the stored keys (divided by s) keep the noise's share of the energy, 1/10
+        //     in expectation (|mu0|^2 = 9 per channel against 1), plus the estimate's 1/nt (measured 0.098)
+        if (mode == TQ_KMEAN_SET) {
+            double e_st = 0;
+            for (int64_t t = 0; t < nt; ++t)
+                for (int64_t i = 0; i < n; ++i) {
+                    const double s = bal ? 1.0 + kmd[n + i] : 1.0, x = ko[t * n + i] / s;
+                    e_st += x * x;
+                }
+            if (e_st / e_raw > 0.105) return err.fail("neox %d bal %d: stored energy %.4f of the raw keys', want <= 0.105", neox, bal, e_st / e_raw);
+        }
+    }
+    return 0;
+}

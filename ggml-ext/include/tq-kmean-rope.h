@@ -1,0 +1,148 @@
+/*
+ * tq-kmean-rope.h - the K mean kept in RoPE's frame: graph pieces (C++, llama.cpp side).
+ * tq-kmean.h has the fitted mean this replaces where it can run, and the modes and state
+ * both share; the host side is in tq-llama-kv-cache.inc.
+ *
+ * Why: a common pre-RoPE component mu of the keys shows up in the key at position p as
+ * R_p mu (R_p: RoPE's rotation of every channel pair by p * w_i). A fixed vector m can only
+ * follow the part of it that barely turns over the cache's positions (tq-kmean.h's fitted
+ * mean); on the pairs RoPE spins, the component stays in every key and so in the codec's
+ * error. Storing s*(k_p - R_p mu) instead takes it out at every position. The logit of
+ * query q then misses q.R_p mu, which is not the same for every key, so it is added back
+ * exactly, per key:
+ *
+ *   q.R_p mu = sum_i alpha_i cos(p w_i) + beta_i sin(p w_i),
+ *   alpha_i = q_a mu_a + q_b mu_b,  beta_i = q_b mu_a - q_a mu_b   (pair i = channels a, b)
+ *
+ * i.e. one dot product of a per-query coefficient vector A = [alpha; beta] with a per-cell
+ * table T = [cos(p w); sin(p w)] of the cell's position. Balancing's s is equal on the two
+ * channels of a pair, so it commutes with R_p: (q/s).R_p(s mu) = q.R_p mu, and the stored
+ * mean is mu' = s mu.
+ *
+ * Where the term goes (attention stays exact either way):
+ *   - a ubatch of few queries (decode): added to the attention mask, which becomes per head
+ *     ([n_kv, n_tokens, n_head]); flash attention and soft_max take a per-head mask;
+ *   - a larger ubatch (prefill): K is decoded to f32 and R_p mu' (rotated like K) added back
+ *     to every cell, so attention runs on the plain keys and no per-head mask of
+ *     n_kv x n_tokens x n_head is materialised.
+ * K shift (context shift) re-ropes stored keys: rope_d(R_p(s k~ - mu')) = R_{p+d}(s k~ - mu'),
+ * which is what a key at p + d stores, so the shift needs no correction (tq_kmean_unshift
+ * leaves a marked tensor alone). Saved state has its own tags (the m it carries means mu').
+ *
+ * Layout: the per-cell table of a set of RoPE frequencies is f32 [hd, n]: rows 0..hd/2 the
+ * cosines, hd/2..hd the sines, of cell (or token) j's position times w_i.
+ */
+#ifndef TQ_KMEAN_ROPE_H
+#define TQ_KMEAN_ROPE_H
+
+#include "ggml.h"
+
+/* k_mean tensors of a cache that keeps the mean in RoPE's frame carry this mark in the last
+   int32 of their op_params (a cache tensor, GGML_OP_NONE: no op reads them). */
+#define TQ_KMEAN_ROPE_MAGIC 0x46525154 /* "TQRF" */
+#define TQ_KMEAN_ROPE_SLOT (GGML_MAX_OP_PARAMS / sizeof(int32_t) - 1)
+static inline void tq_kmean_rope_mark(ggml_tensor * k_mean) {
+    k_mean->op_params[TQ_KMEAN_ROPE_SLOT] = TQ_KMEAN_ROPE_MAGIC;
+}
+static inline bool tq_kmean_rope_is(const ggml_tensor * k_mean) {
+    return k_mean && k_mean->op == GGML_OP_NONE && k_mean->op_params[TQ_KMEAN_ROPE_SLOT] == TQ_KMEAN_ROPE_MAGIC;
+}
+
+/* Channel a (which = 0) or b (1) of every RoPE pair of x [hd, n1, n2] as a contiguous
+   [hd/2, n1, n2]: the halves for neox, the even/odd channels otherwise. */
+static inline ggml_tensor * tq_rf_half(ggml_context * ctx, ggml_tensor * x, bool neox, int which) {
+    const int64_t hd = x->ne[0], half = hd / 2, n1 = x->ne[1], n2 = x->ne[2];
+    if (!ggml_is_contiguous(x)) {
+        x = ggml_cont(ctx, x);
+    }
+    ggml_tensor * v = neox ? ggml_view_3d(ctx, x, half, n1, n2, x->nb[1], x->nb[2], (size_t) which * half * x->nb[0])
+                           : ggml_view_3d(ctx, x, 1, half, n1 * n2, 2 * x->nb[0], x->nb[1], (size_t) which * x->nb[0]);
+    return ggml_reshape_3d(ctx, ggml_cont(ctx, v), half, n1, n2);
+}
+
+/* The inverse of tq_rf_half: channels a and b [hd/2, n1, n2] -> x [hd, n1, n2]. */
+static inline ggml_tensor * tq_rf_join(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, bool neox) {
+    const int64_t half = a->ne[0], n1 = a->ne[1], n2 = a->ne[2];
+    if (neox) {
+        return ggml_concat(ctx, a, b, 0);
+    }
+    ggml_tensor * a4 = ggml_reshape_4d(ctx, a, 1, half, n1, n2);
+    ggml_tensor * b4 = ggml_reshape_4d(ctx, b, 1, half, n1, n2);
+    return ggml_reshape_3d(ctx, ggml_concat(ctx, a4, b4, 0), 2 * half, n1, n2);
+}
+
+/* Cosines (which = 0) or sines (1) of a position table T [hd, n] as [hd/2, 1, n]. */
+static inline ggml_tensor * tq_rf_trig(ggml_context * ctx, ggml_tensor * T, int which) {
+    const int64_t half = T->ne[0] / 2;
+    return ggml_view_3d(ctx, T, half, 1, T->ne[1], T->nb[1], T->nb[1], (size_t) which * half * T->nb[0]);
+}
+
+/* R_p mu for every column p of the table T [hd, n]: mu [hd, nh] (channel frame) -> [hd, nh, n]. */
+static inline ggml_tensor * tq_rf_rotate_mean(ggml_context * ctx, ggml_tensor * mu, ggml_tensor * T, bool neox) {
+    const int64_t hd = mu->ne[0], nh = mu->ne[1], n = T->ne[1];
+    ggml_tensor * ma = tq_rf_half(ctx, ggml_reshape_3d(ctx, mu, hd, nh, 1), neox, 0); // [half, nh, 1]
+    ggml_tensor * mb = tq_rf_half(ctx, ggml_reshape_3d(ctx, mu, hd, nh, 1), neox, 1);
+    ggml_tensor * c = tq_rf_trig(ctx, T, 0), * s = tq_rf_trig(ctx, T, 1);
+    ma = ggml_repeat_4d(ctx, ma, hd / 2, nh, n, 1);
+    mb = ggml_repeat_4d(ctx, mb, hd / 2, nh, n, 1);
+    ggml_tensor * ra = ggml_sub(ctx, ggml_mul(ctx, ma, c), ggml_mul(ctx, mb, s));
+    ggml_tensor * rb = ggml_add(ctx, ggml_mul(ctx, ma, s), ggml_mul(ctx, mb, c));
+    return tq_rf_join(ctx, ra, rb, neox);
+}
+
+/* The pre-RoPE mean of the keys k [hd, nh, nt] at the positions of T [hd, nt]: the mean of
+   R_p^-1 k_p, as [hd, nh]. per_tok: [1, nt, 1] weights 1/nt (tq_kbal_const). */
+static inline ggml_tensor * tq_rf_unrope_mean(ggml_context * ctx, ggml_tensor * k, ggml_tensor * T, ggml_tensor * per_tok,
+                                              bool neox) {
+    const int64_t hd = k->ne[0], nh = k->ne[1], nt = k->ne[2], half = hd / 2;
+    ggml_tensor * ka = tq_rf_half(ctx, k, neox, 0), * kb = tq_rf_half(ctx, k, neox, 1);
+    ggml_tensor * c = tq_rf_trig(ctx, T, 0), * s = tq_rf_trig(ctx, T, 1);
+    ggml_tensor * ua = ggml_add(ctx, ggml_mul(ctx, ka, c), ggml_mul(ctx, kb, s));
+    ggml_tensor * ub = ggml_sub(ctx, ggml_mul(ctx, kb, c), ggml_mul(ctx, ka, s));
+    ggml_tensor * ma = ggml_reshape_3d(ctx, ggml_out_prod(ctx, ggml_reshape_3d(ctx, ua, half * nh, nt, 1), per_tok), half, nh, 1);
+    ggml_tensor * mb = ggml_reshape_3d(ctx, ggml_out_prod(ctx, ggml_reshape_3d(ctx, ub, half * nh, nt, 1), per_tok), half, nh, 1);
+    return ggml_reshape_2d(ctx, tq_rf_join(ctx, ma, mb, neox), hd, nh);
+}
+
+/* The per-key term's coefficients A = [alpha; beta] [hd, nq, nt] of the queries q [hd, nq, nt]
+   (channel frame, already divided by s) against the stored mean mu' [hd, nkv]. */
+static inline ggml_tensor * tq_rf_coeffs(ggml_context * ctx, ggml_tensor * q, ggml_tensor * mu, bool neox) {
+    const int64_t hd = q->ne[0], nq = q->ne[1], nt = q->ne[2], nkv = mu->ne[1], half = hd / 2, g = nq / nkv;
+    ggml_tensor * qa = ggml_reshape_4d(ctx, tq_rf_half(ctx, q, neox, 0), half, g, nkv, nt);
+    ggml_tensor * qb = ggml_reshape_4d(ctx, tq_rf_half(ctx, q, neox, 1), half, g, nkv, nt);
+    ggml_tensor * ma = ggml_reshape_4d(ctx, tq_rf_half(ctx, ggml_reshape_3d(ctx, mu, hd, nkv, 1), neox, 0), half, 1, nkv, 1);
+    ggml_tensor * mb = ggml_reshape_4d(ctx, tq_rf_half(ctx, ggml_reshape_3d(ctx, mu, hd, nkv, 1), neox, 1), half, 1, nkv, 1);
+    ggml_tensor * al = ggml_add(ctx, ggml_mul(ctx, qa, ma), ggml_mul(ctx, qb, mb));
+    ggml_tensor * be = ggml_sub(ctx, ggml_mul(ctx, qb, ma), ggml_mul(ctx, qa, mb));
+    return ggml_reshape_3d(ctx, ggml_concat(ctx, al, be, 0), hd, nq, nt);
+}
+
+/* Decode: the mask [n_kv, nt, 1, 1] plus kq_scale * q.R_p mu' per head, from the coefficients
+   A [hd, nq, nt] and the cells' table T [hd, n_kv]: [n_kv, nt, nq, 1] in the mask's type. */
+static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T,
+                                       float kq_scale) {
+    const int64_t n_kv = T->ne[1], nq = A->ne[1], nt = A->ne[2];
+    GGML_ASSERT(mask->ne[0] == n_kv && mask->ne[1] == nt && mask->ne[2] == 1 && mask->ne[3] == 1);
+    ggml_tensor * b = ggml_mul_mat(ctx, T, ggml_reshape_2d(ctx, A, A->ne[0], nq * nt));      // [n_kv, nq nt]
+    b = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, b, n_kv, nq, nt), 0, 2, 1, 3)); // [n_kv, nt, nq]
+    ggml_tensor * m = mask->type == GGML_TYPE_F32 ? mask : ggml_cast(ctx, mask, GGML_TYPE_F32);
+    b = ggml_add(ctx, ggml_scale(ctx, b, kq_scale), ggml_reshape_3d(ctx, m, n_kv, nt, 1));
+    b = mask->type == GGML_TYPE_F32 ? b : ggml_cast(ctx, b, mask->type);
+    return ggml_reshape_4d(ctx, b, n_kv, nt, nq, 1);
+}
+
+/* Prefill: the cache's keys k [hd, nkv, n_kv, 1] (the cache's type, rotated) as f32 with
+   R_p mu' added back per cell (rotated by rot, the cache's rotation, when there is one). */
+static inline ggml_tensor * tq_rf_keys(ggml_context * ctx, ggml_tensor * k, ggml_tensor * mu, ggml_tensor * T,
+                                       ggml_tensor * rot, bool neox,
+                                       ggml_tensor * (*rotate)(ggml_context *, ggml_tensor *, ggml_tensor *)) {
+    GGML_ASSERT(k->ne[3] == 1 && k->ne[2] == T->ne[1]);
+    ggml_tensor * rm = tq_rf_rotate_mean(ctx, mu, T, neox); // [hd, nkv, n_kv], channel frame
+    if (rot) {
+        rm = rotate(ctx, rm, rot);
+    }
+    ggml_tensor * k32 = ggml_cast(ctx, k, GGML_TYPE_F32);
+    return ggml_add(ctx, k32, ggml_reshape_4d(ctx, rm, k->ne[0], k->ne[1], k->ne[2], 1));
+}
+
+#endif /* TQ_KMEAN_ROPE_H */
