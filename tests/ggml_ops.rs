@@ -21,6 +21,7 @@ extern "C" {
         softcap: f32,
         sinks: c_int,
         max_bias: f32,
+        mask_heads: i64,
         err: *mut c_char,
         cap: usize,
     ) -> c_int;
@@ -123,7 +124,8 @@ fn flash_attn_mixed_pairs_equal_f32_reference() {
 }
 
 /// The tiled turbo decode path (tq-ggml-fa.h) equals ggml's per-key loop and the f32
-/// reference: holes in the mask, ALiBi, softcap, sinks, split-KV and plain decode.
+/// reference: holes in the mask, ALiBi, softcap, sinks, split-KV and plain decode, with one
+/// mask for all heads and with a mask per head.
 #[test]
 fn flash_attn_tiled_decode_equals_per_key_loop() {
     for (k, v) in [
@@ -139,9 +141,12 @@ fn flash_attn_tiled_decode_equals_per_key_loop() {
                 (3, 0.0, 1, 8.0),
                 (2, 20.0, 0, 0.0),
             ] {
-                check(|e, n| unsafe {
-                    tq_test_flash_attn_tiles(k, v, d, n_q, softcap, sinks, max_bias, e, n)
-                });
+                // one mask row for all heads, then one per head (the K mean in RoPE's frame)
+                for mask_heads in [1, 6] {
+                    check(|e, n| unsafe {
+                        tq_test_flash_attn_tiles(k, v, d, n_q, softcap, sinks, max_bias, mask_heads, e, n)
+                    });
+                }
             }
         }
     }

@@ -27,6 +27,7 @@
 #define TQ_GGML_FA_H
 
 #include "tq-ggml.h"
+#include "tq-fa-term.h"
 
 #include <math.h>
 #include <string.h>
@@ -70,6 +71,76 @@ static inline tq_ggml_fa_t tq_ggml_fa_kernels(enum ggml_type k_type, enum ggml_t
     return fa;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TQ_FA_AVX2 1
+#endif
+
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+/* The upper 8 lanes of an AVX-512 register. */
+static inline __m256 tq_fa_hi256(__m512 a) {
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+}
+#endif
+
+/* s[i] = dot(row i of kf, q) for the tile's n rows of DK floats: four rows per pass with the
+   query loaded once per pass and the four horizontal sums done together (AVX-512 for DK a
+   multiple of 16, AVX2 for a multiple of 8), else one row at a time. */
+static inline void tq_ggml_fa_tile_dots(const float *kf, int n, int64_t DK, const float *q, float *s) {
+    int i = 0;
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+    if (DK % 16 == 0) {
+        for (; i + 4 <= n; i += 4) {
+            const float *r = kf + (int64_t) i * DK;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < DK; d += 16) {
+                const __m512 qv = _mm512_loadu_ps(q + d);
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r + d), qv, a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(r + DK + d), qv, a1);
+                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(r + 2 * DK + d), qv, a2);
+                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(r + 3 * DK + d), qv, a3);
+            }
+            const __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), tq_fa_hi256(a0));
+            const __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), tq_fa_hi256(a1));
+            const __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), tq_fa_hi256(a2));
+            const __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), tq_fa_hi256(a3));
+            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+            _mm_storeu_ps(s + i, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        }
+    }
+#endif
+#ifdef TQ_FA_AVX2
+    if (DK % 8 == 0) {
+        for (; i + 4 <= n; i += 4) {
+            const float *r = kf + (int64_t) i * DK;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < DK; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + d);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(r + d), qv, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(r + DK + d), qv, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 2 * DK + d), qv, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 3 * DK + d), qv, a3);
+            }
+            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            _mm_storeu_ps(s + i, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        }
+    }
+#endif
+    for (; i < n; ++i) {
+        float x = 0.0f;
+        for (int64_t d = 0; d < DK; ++d) x += kf[(int64_t) i * DK + d] * q[d];
+        s[i] = x;
+    }
+}
+
+/* s[i] += the per-key term T_(start+i) . a of the tile's n keys (tq-fa-term.h); a NULL: none. */
+static inline void tq_ggml_fa_add_term(const float *T, int64_t start, int n, int64_t DK, const float *a, float *s) {
+    if (!a) return;
+    float t[TQ_FA_TILE];
+    tq_ggml_fa_tile_dots(T + start * DK, n, DK, a, t);
+    for (int i = 0; i < n; ++i) s[i] += t[i];
+}
+
 /* The next run of up to TQ_FA_TILE keys from *ic (before ic1) that the mask row mp does not
    exclude: their mask values times slope go to mv, the run starts at *start, *ic moves past
    it. Returns the run's length, 0 when no key is left. */
@@ -91,18 +162,20 @@ static inline int tq_ggml_fa_next_run(const ggml_fp16_t *mp, float slope, int64_
 
 /* One query row q (f32, DK values) over keys [ic0, ic1): k/v point at key/value row 0 of
    this head, rows nbk1/nbv1 bytes apart. mp: the query's f16 mask row (or NULL), scaled by
-   slope (ALiBi). scale: the KQ scale (already divided by softcap when softcap != 0).
+   slope (ALiBi). scale: the KQ scale (already divided by softcap when softcap != 0). tt, ta:
+   the per-key term's cell rows and this query's coefficients (tq-fa-term.h), ta NULL for none.
    Updates *M, *S and VKQ (DV floats) as the per-key online softmax does. */
 static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t nbk1, const char *v,
                                   size_t nbv1, const float *q, int64_t DK, int64_t DV,
                                   const ggml_fp16_t *mp, float slope, float scale, float softcap, int64_t ic0,
-                                  int64_t ic1, float *VKQ, float *M, float *S) {
+                                  int64_t ic1, const float *tt, const float *ta, float *VKQ, float *M, float *S) {
     float s[TQ_FA_TILE], mv[TQ_FA_TILE];
     int64_t ic = ic0, start;
     int n;
     while ((n = tq_ggml_fa_next_run(mp, slope, &ic, ic1, &start, mv)) > 0) {
 
         fa->dot(k + start * nbk1, nbk1, n, q, DK, s);
+        tq_ggml_fa_add_term(tt, start, n, DK, ta, s);
         float tile_max = -INFINITY;
         for (int i = 0; i < n; ++i) {
             float x = s[i] * scale;
@@ -144,40 +217,6 @@ static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t 
 #define TQ_FA_GQA_MAX 8
 #define TQ_FA_GQA_DMAX 256
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define TQ_FA_AVX2 1
-#endif
-
-/* s[i] = dot(row i of kf, q) for the tile's n rows of DK floats: four rows per pass with the
-   query loaded once per pass and the four horizontal sums done together (AVX2, DK a
-   multiple of 8), else one row at a time. */
-static inline void tq_ggml_fa_tile_dots(const float *kf, int n, int64_t DK, const float *q, float *s) {
-    int i = 0;
-#ifdef TQ_FA_AVX2
-    if (DK % 8 == 0) {
-        for (; i + 4 <= n; i += 4) {
-            const float *r = kf + (int64_t) i * DK;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t d = 0; d < DK; d += 8) {
-                const __m256 qv = _mm256_loadu_ps(q + d);
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(r + d), qv, a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(r + DK + d), qv, a1);
-                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 2 * DK + d), qv, a2);
-                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(r + 3 * DK + d), qv, a3);
-            }
-            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-            _mm_storeu_ps(s + i, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-        }
-    }
-#endif
-    for (; i < n; ++i) {
-        float x = 0.0f;
-        for (int64_t d = 0; d < DK; ++d) x += kf[(int64_t) i * DK + d] * q[d];
-        s[i] = x;
-    }
-}
-
 /* VKQ[0..DV) += sum_i w[i] * (row i of vf) over the tile's n rows: 64 outputs at a time
    stay in registers across the rows (AVX2), so the accumulator is read and written once per
    tile instead of once per row. */
@@ -202,22 +241,26 @@ static inline void tq_ggml_fa_tile_mads(float *VKQ, const float *vf, const float
     }
 }
 
-/* The heads' state: query (f32, DK), ALiBi slope, running maximum, sum and accumulator. */
+/* The heads' state: query (f32, DK), the per-key term's coefficients (or NULL), ALiBi slope,
+   its mask row (f16, or NULL), running maximum, sum and accumulator. */
 typedef struct {
-    const float *q;
+    const float *q, *ta;
+    const ggml_fp16_t *mp;
     float slope, M, S;
     float *VKQ;
 } tq_ggml_fa_head_t;
 
-/* Heads hd[0..g) over keys [ic0, ic1), sharing the mask row mp (unscaled; each head applies
-   its slope). Per head the arithmetic is tq_ggml_fa_row's with the decode done apart from
-   the dot product and the accumulation. */
+/* Heads hd[0..g) over keys [ic0, ic1). The tiles are the runs of keys that head 0's mask row
+   mp does not exclude; a head with a mask row of its own (a per-head mask, as the K mean in
+   RoPE's frame adds: the same -INF cells, other finite values) reads its values from it, and
+   a key it alone excludes weighs 0. Per head the arithmetic is tq_ggml_fa_row's with the
+   decode done apart from the dot product and the accumulation. */
 static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t v_dec, const char *k, size_t nbk1,
                                           const char *v, size_t nbv1, tq_ggml_fa_head_t *hd, int g, int64_t DK,
                                           int64_t DV, const ggml_fp16_t *mp, float scale, float softcap, int64_t ic0,
-                                          int64_t ic1) {
+                                          int64_t ic1, const float *tt) {
     float kf[TQ_FA_TILE * TQ_FA_GQA_DMAX], vf[TQ_FA_TILE * TQ_FA_GQA_DMAX];
-    float s[TQ_FA_TILE], mv[TQ_FA_TILE];
+    float s[TQ_FA_TILE], mv[TQ_FA_TILE], mh[TQ_FA_TILE];
     int64_t ic = ic0, start;
     int n;
     while ((n = tq_ggml_fa_next_run(mp, 1.0f, &ic, ic1, &start, mv)) > 0) {
@@ -227,15 +270,22 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
         }
         for (int h = 0; h < g; ++h) {
             tq_ggml_fa_head_t *H = &hd[h];
+            const float *m = mv;
+            if (H->mp != mp) {
+                for (int i = 0; i < n; ++i) mh[i] = TQ_FA_FP16_TO_FP32(H->mp[start + i]);
+                m = mh;
+            }
             float tile_max = -INFINITY;
             tq_ggml_fa_tile_dots(kf, n, DK, H->q, s);
+            tq_ggml_fa_add_term(tt, start, n, DK, H->ta, s);
             for (int i = 0; i < n; ++i) {
                 float x = s[i] * scale;
                 if (softcap != 0.0f) x = softcap * tanhf(x);
-                x += H->slope * mv[i];
+                x += H->slope * m[i];
                 s[i] = x;
                 tile_max = x > tile_max ? x : tile_max;
             }
+            if (tile_max == -INFINITY) continue; /* every key of the tile excluded for this head */
             float ms = 1.0f;
             if (tile_max > H->M) {
                 ms = expf(H->M - tile_max);
@@ -305,7 +355,11 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
     const struct ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2];
     const struct ggml_tensor *mask = dst->src[3], *sinks = dst->src[4];
     const tq_ggml_mad_t v_mad = tq_ggml_mad_fn(v->type);
-    if (!v_mad || params->use_ref) return 0;
+    /* a per-key term (tq-fa-term.h) is only added here: llama attaches one only over a turbo V */
+    const tq_fa_term_t term = tq_fa_term_of(mask);
+    GGML_ASSERT(!term.marked || (v_mad && term.T && term.hd == k->ne[0] && term.n_head == q->ne[2] &&
+                                 term.n_tokens == q->ne[1] && term.n_cells >= k->ne[1] && q->ne[3] == 1));
+    if (!v_mad || (params->use_ref && !term.marked)) return 0;
     const tq_ggml_fa_t fa = tq_ggml_fa_kernels(k->type, v->type);
 
     const int64_t DK = k->ne[0], DV = v->ne[0];
@@ -335,7 +389,7 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
     const int64_t g = rk2;
     const int shared = fa.dot && tq_ggml_fa_tile() >= 2 && g > 1 && g <= TQ_FA_GQA_MAX && rv2 == rk2 && rv3 == rk3 &&
                        DK <= TQ_FA_GQA_DMAX && DV <= TQ_FA_GQA_DMAX && k_dec && v_dec &&
-                       k_vec_dot_type == GGML_TYPE_F32 && q->type == GGML_TYPE_F32 && (!mask || mask->ne[2] == 1);
+                       k_vec_dot_type == GGML_TYPE_F32 && q->type == GGML_TYPE_F32;
 
     for (int ir = ir0; ir < ir1; ++ir) {
         const int iq3 = ir / (neq2 * neq1);
@@ -359,6 +413,10 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
                 for (int j = 0; j < g; ++j) {
                     const uint32_t hj = iq2 + j;
                     hd[j].q = (const float *) ((char *) q->data + (iq1 * q->nb[1] + hj * q->nb[2] + iq3 * q->nb[3]));
+                    hd[j].ta = term.A ? term.A + (iq1 * neq2 + hj) * DK : NULL;
+                    hd[j].mp = mask ? (const ggml_fp16_t *) ((const char *) mp + (((iq2 + j) % mask->ne[2]) -
+                                                                              (iq2 % mask->ne[2])) * (int64_t) mask->nb[2])
+                                    : NULL;
                     hd[j].slope = (max_bias > 0.0f) ? hj < n_head_log2 ? powf(m0, hj + 1) : powf(m1, 2 * (hj - n_head_log2) + 1) : 1.0f;
                     hd[j].M = -INFINITY;
                     hd[j].S = 0.0f;
@@ -366,7 +424,7 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
                     memset(hd[j].VKQ, 0, DV * sizeof(float));
                 }
                 tq_ggml_fa_rows_shared(k_dec, v_dec, k_head, k->nb[1], v_head, v->nb[1], hd, (int) g, DK, DV, mp, scale,
-                                       logit_softcap, ic_start, ic_end);
+                                       logit_softcap, ic_start, ic_end, term.T);
                 for (int j = 0; j < g; ++j) {
                     tq_ggml_fa_store(dst, sinks, ir + j * (int) neq1, iq1, iq2 + j, iq3, DV, ic_start, hd[j].M, hd[j].S,
                                      hd[j].VKQ, partials, partial_stride);
@@ -384,15 +442,19 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         const float *pq = (const float *) ((char *) q->data + (iq1 * q->nb[1] + iq2 * q->nb[2] + iq3 * q->nb[3]));
         q_to_vec_dot(pq, Q_q, DK);
 
+        const float *ta = term.A ? term.A + (iq1 * neq2 + iq2) * DK : NULL;
         if (fa.dot) {
             tq_ggml_fa_row(&fa, k_head, k->nb[1], v_head, v->nb[1], (const float *) Q_q, DK, DV, mp, slope, scale,
-                           logit_softcap, ic_start, ic_end, VKQ32, &M, &S);
+                           logit_softcap, ic_start, ic_end, term.T, ta, VKQ32, &M, &S);
         } else {
             for (int64_t ic = ic_start; ic < ic_end; ++ic) {
                 const float mv = mp ? slope * TQ_FA_FP16_TO_FP32(mp[ic]) : 0.0f;
                 if (mv == -INFINITY) continue;
                 float s;
                 kq_vec_dot(DK, &s, 0, k_head + ic * k->nb[1], 0, Q_q, 0, 1);
+                if (ta) {
+                    for (int64_t d = 0; d < DK; ++d) s += term.T[ic * DK + d] * ta[d];
+                }
                 s = s * scale;
                 if (logit_softcap != 0.0f) s = logit_softcap * tanhf(s);
                 s += mv;

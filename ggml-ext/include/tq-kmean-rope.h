@@ -20,7 +20,9 @@
  * mean is mu' = s mu.
  *
  * Where the term goes (attention stays exact either way):
- *   - a ubatch of few queries (decode): added to the attention mask, which becomes per head
+ *   - a ubatch of few queries (decode) over turbo K and V with CPU flash attention: the
+ *     tiles add A.T to each key's score next to q.k (tq-fa-term.h, tq_rf_term_mask);
+ *   - other decodes: added to the attention mask, which becomes per head
  *     ([n_kv, n_tokens, n_head]); flash attention and soft_max take a per-head mask;
  *   - a larger ubatch (prefill): K is decoded to f32 and R_p mu' (rotated like K) added back
  *     to every cell, so attention runs on the plain keys and no per-head mask of
@@ -36,6 +38,7 @@
 #define TQ_KMEAN_ROPE_H
 
 #include "ggml.h"
+#include "tq-fa-term.h"
 
 /* k_mean tensors of a cache that keeps the mean in RoPE's frame carry this mark in the last
    int32 of their op_params (a cache tensor, GGML_OP_NONE: no op reads them). */
@@ -77,17 +80,41 @@ static inline ggml_tensor * tq_rf_trig(ggml_context * ctx, ggml_tensor * T, int 
     return ggml_view_3d(ctx, T, half, 1, T->ne[1], T->nb[1], T->nb[1], (size_t) which * half * T->nb[0]);
 }
 
-/* R_p mu for every column p of the table T [hd, n]: mu [hd, nh] (channel frame) -> [hd, nh, n]. */
+/* Pair i of channel-frame row x (hd floats): channels a and b. */
+static inline int64_t tq_rf_ch(bool neox, int64_t hd, int64_t i, int ab) {
+    return neox ? i + ab * (hd / 2) : 2 * i + ab;
+}
+
+/* The two small per-ubatch products below are CPU ops of their own (ggml_custom_4d): as a
+   chain of halves, products and joins each was about a dozen graph nodes per layer, and on
+   a decode step every node costs a thread barrier (the mean in RoPE's frame runs only
+   where the model is on the CPU, tq_kmean_rope_setup). Rows are split across threads. */
+static inline void tq_rf_rotate_mean_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const bool neox = userdata != nullptr;
+    const ggml_tensor * mu = dst->src[0], * T = dst->src[1];
+    const int64_t hd = dst->ne[0], half = hd / 2, nh = dst->ne[1], n = dst->ne[2];
+    for (int64_t r = ith; r < nh * n; r += nth) {
+        const int64_t h = r % nh, p = r / nh;
+        const float * m = (const float *) ((const char *) mu->data + h * mu->nb[1]);
+        const float * t = (const float *) ((const char *) T->data + p * T->nb[1]);
+        float * o = (float *) ((char *) dst->data + h * dst->nb[1] + p * dst->nb[2]);
+        for (int64_t i = 0; i < half; ++i) {
+            const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
+            const float c = t[i], sn = t[half + i];
+            o[ca] = c * m[ca] - sn * m[cb];
+            o[cb] = sn * m[ca] + c * m[cb];
+        }
+    }
+}
+
+/* R_p mu for every column p of the table T [hd, n]: mu [hd, nh] (channel frame, rows
+   contiguous) -> [hd, nh, n]. */
 static inline ggml_tensor * tq_rf_rotate_mean(ggml_context * ctx, ggml_tensor * mu, ggml_tensor * T, bool neox) {
-    const int64_t hd = mu->ne[0], nh = mu->ne[1], n = T->ne[1];
-    ggml_tensor * ma = tq_rf_half(ctx, ggml_reshape_3d(ctx, mu, hd, nh, 1), neox, 0); // [half, nh, 1]
-    ggml_tensor * mb = tq_rf_half(ctx, ggml_reshape_3d(ctx, mu, hd, nh, 1), neox, 1);
-    ggml_tensor * c = tq_rf_trig(ctx, T, 0), * s = tq_rf_trig(ctx, T, 1);
-    ma = ggml_repeat_4d(ctx, ma, hd / 2, nh, n, 1);
-    mb = ggml_repeat_4d(ctx, mb, hd / 2, nh, n, 1);
-    ggml_tensor * ra = ggml_sub(ctx, ggml_mul(ctx, ma, c), ggml_mul(ctx, mb, s));
-    ggml_tensor * rb = ggml_add(ctx, ggml_mul(ctx, ma, s), ggml_mul(ctx, mb, c));
-    return tq_rf_join(ctx, ra, rb, neox);
+    GGML_ASSERT(mu->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && mu->ne[0] == T->ne[0] && mu->nb[0] == sizeof(float) &&
+                T->nb[0] == sizeof(float) && mu->ne[2] == 1 && T->ne[2] == 1);
+    ggml_tensor * args[2] = { mu, T };
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, mu->ne[0], mu->ne[1], T->ne[1], 1, args, 2, tq_rf_rotate_mean_op,
+                          GGML_N_TASKS_MAX, neox ? (void *) 1 : nullptr);
 }
 
 /* The pre-RoPE mean of the keys k [hd, nh, nt] at the positions of T [hd, nt]: the mean of
@@ -104,17 +131,31 @@ static inline ggml_tensor * tq_rf_unrope_mean(ggml_context * ctx, ggml_tensor * 
     return ggml_reshape_2d(ctx, tq_rf_join(ctx, ma, mb, neox), hd, nh);
 }
 
+static inline void tq_rf_coeffs_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const bool neox = userdata != nullptr;
+    const ggml_tensor * q = dst->src[0], * mu = dst->src[1];
+    const int64_t hd = dst->ne[0], half = hd / 2, nq = dst->ne[1], nt = dst->ne[2], g = nq / mu->ne[1];
+    for (int64_t r = ith; r < nq * nt; r += nth) {
+        const int64_t h = r % nq, t = r / nq;
+        const float * x = (const float *) ((const char *) q->data + h * q->nb[1] + t * q->nb[2]);
+        const float * m = (const float *) ((const char *) mu->data + (h / g) * mu->nb[1]);
+        float * o = (float *) ((char *) dst->data + h * dst->nb[1] + t * dst->nb[2]);
+        for (int64_t i = 0; i < half; ++i) {
+            const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
+            o[i] = x[ca] * m[ca] + x[cb] * m[cb];        // alpha_i
+            o[half + i] = x[cb] * m[ca] - x[ca] * m[cb]; // beta_i
+        }
+    }
+}
+
 /* The per-key term's coefficients A = [alpha; beta] [hd, nq, nt] of the queries q [hd, nq, nt]
-   (channel frame, already divided by s) against the stored mean mu' [hd, nkv]. */
+   (channel frame, already divided by s; rows contiguous) against the stored mean mu' [hd, nkv]. */
 static inline ggml_tensor * tq_rf_coeffs(ggml_context * ctx, ggml_tensor * q, ggml_tensor * mu, bool neox) {
-    const int64_t hd = q->ne[0], nq = q->ne[1], nt = q->ne[2], nkv = mu->ne[1], half = hd / 2, g = nq / nkv;
-    ggml_tensor * qa = ggml_reshape_4d(ctx, tq_rf_half(ctx, q, neox, 0), half, g, nkv, nt);
-    ggml_tensor * qb = ggml_reshape_4d(ctx, tq_rf_half(ctx, q, neox, 1), half, g, nkv, nt);
-    ggml_tensor * ma = ggml_reshape_4d(ctx, tq_rf_half(ctx, ggml_reshape_3d(ctx, mu, hd, nkv, 1), neox, 0), half, 1, nkv, 1);
-    ggml_tensor * mb = ggml_reshape_4d(ctx, tq_rf_half(ctx, ggml_reshape_3d(ctx, mu, hd, nkv, 1), neox, 1), half, 1, nkv, 1);
-    ggml_tensor * al = ggml_add(ctx, ggml_mul(ctx, qa, ma), ggml_mul(ctx, qb, mb));
-    ggml_tensor * be = ggml_sub(ctx, ggml_mul(ctx, qb, ma), ggml_mul(ctx, qa, mb));
-    return ggml_reshape_3d(ctx, ggml_concat(ctx, al, be, 0), hd, nq, nt);
+    GGML_ASSERT(q->type == GGML_TYPE_F32 && mu->type == GGML_TYPE_F32 && q->ne[0] == mu->ne[0] && q->nb[0] == sizeof(float) &&
+                mu->nb[0] == sizeof(float) && q->ne[1] % mu->ne[1] == 0 && q->ne[3] == 1 && mu->ne[2] == 1);
+    ggml_tensor * args[2] = { q, mu };
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, q->ne[0], q->ne[1], q->ne[2], 1, args, 2, tq_rf_coeffs_op, GGML_N_TASKS_MAX,
+                          neox ? (void *) 1 : nullptr);
 }
 
 /* Decode: the mask [n_kv, nt, 1, 1] plus kq_scale * q.R_p mu' per head, from the coefficients
@@ -129,6 +170,20 @@ static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, g
     b = ggml_add(ctx, ggml_scale(ctx, b, kq_scale), ggml_reshape_3d(ctx, m, n_kv, nt, 1));
     b = mask->type == GGML_TYPE_F32 ? b : ggml_cast(ctx, b, mask->type);
     return ggml_reshape_4d(ctx, b, n_kv, nt, nq, 1);
+}
+
+/* Decode where CPU flash attention runs over turbo K and V: the mask as a marked view that
+   carries T [hd, n_kv] and A [hd, nq, nt] to the kernel, which adds A.T to each key's score
+   (tq-fa-term.h). Exact as tq_rf_mask, and inside the softcap where there is one. */
+static inline ggml_tensor * tq_rf_term_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T) {
+    GGML_ASSERT(A->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && A->ne[0] == T->ne[0]);
+    GGML_ASSERT(mask->ne[0] == T->ne[1] && mask->ne[1] == A->ne[2]);
+    ggml_tensor * m = ggml_view_4d(ctx, mask, mask->ne[0], mask->ne[1], mask->ne[2], mask->ne[3], mask->nb[1], mask->nb[2],
+                                   mask->nb[3], 0);
+    m->src[1] = ggml_is_contiguous(T) ? T : ggml_cont(ctx, T);
+    m->src[2] = ggml_is_contiguous(A) ? A : ggml_cont(ctx, A);
+    m->op_params[TQ_FA_TERM_SLOT] = TQ_FA_TERM_MAGIC;
+    return m;
 }
 
 /* Prefill: the cache's keys k [hd, nkv, n_kv, 1] (the cache's type, rotated) as f32 with

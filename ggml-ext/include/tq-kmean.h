@@ -280,7 +280,7 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
         k_cur = ggml_mul(ctx, k_cur, ggml_reshape_3d(ctx, s_use, hd, nkv, 1));
     }
     if (rf) {
-        *coeffs = tq_rf_coeffs(ctx, ggml_is_contiguous(*q_cur) ? *q_cur : ggml_cont(ctx, *q_cur), m_use, neox);
+        *coeffs = tq_rf_coeffs(ctx, *q_cur, m_use, neox);
         return ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, neox));
     }
     return ggml_sub(ctx, k_cur, ggml_reshape_3d(ctx, m_use, hd, nkv, 1));

@@ -151,11 +151,12 @@ static inline ggml_tensor * tq_llama_attn_k(ggml_context * ctx, ggml_cgraph * gf
 }
 
 // The patch's call in build_attn after the mask is known: with the mean in RoPE's frame
-// (tq-kmean-rope.h) the per-key term q.R_p mu' goes back into attention, through a per-head
-// mask for few queries, or into K decoded to f32 for a prefill (rot: the cache's rotation).
+// (tq-kmean-rope.h) the per-key term q.R_p mu' goes back into attention: for few queries
+// through the turbo flash-attention tiles (flash_attn on, K and V turbo) or else a per-head
+// mask, for a prefill into K decoded to f32 (rot: the cache's rotation).
 static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor ** kq_mask, ggml_tensor ** k,
-                                    const llama_kv_cache_context * mctx, int il, float kq_scale, ggml_tensor * rot,
-                                    int rope_type) {
+                                    const ggml_tensor * v, bool flash_attn, const llama_kv_cache_context * mctx, int il,
+                                    float kq_scale, ggml_tensor * rot, int rope_type) {
     const llama_kv_cache * kv = mctx->tq_kv();
     ggml_tensor * k_mean = mctx->tq_get_k_mean(il);
     tq_kmean_input * in = tq_kmean_rope_is(k_mean) ? tq_kmean_input_find(res, kv) : nullptr;
@@ -170,6 +171,8 @@ static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, 
         const int64_t hd = (*k)->ne[0];
         ggml_tensor * mu = tq_kmean_view(ctx, k_mean, hd, (*k)->ne[1]);
         *k = tq_rf_keys(ctx, *k, mu, tab, rot, rope_type != LLAMA_ROPE_TYPE_NORM, llama_mul_mat_hadamard);
+    } else if (flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type)) {
+        *kq_mask = tq_rf_term_mask(ctx, *kq_mask, A, tab);
     } else {
         *kq_mask = tq_rf_mask(ctx, *kq_mask, A, tab, kq_scale);
     }
@@ -177,7 +180,20 @@ static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, 
 
 // The patch's call before ggml_flash_attn_ext: K and V decoded to f32 for a CPU prefill over
 // a turbo cache (tq_ggml_decode_for_prefill in tq-ggml.h says when and why).
+// A K built in this graph (the K mean in RoPE's frame adds R_p mu' to the decoded keys,
+// tq_rf_keys) is not in the cache's buffer, so V's residency decides; llama has cast that K
+// from f32 to f16, and the f32 it was cast from is taken instead (the tiled kernel wants K and
+// V of one type).
 static inline void tq_llama_prefill_decode(ggml_context * ctx, ggml_tensor ** k, ggml_tensor ** v, int64_t n_tokens) {
+    const bool k_built = (*k)->buffer == nullptr && (*k)->view_src == nullptr && !TQ_GGML_IS_TURBO((*k)->type);
+    if (k_built && TQ_GGML_IS_TURBO((*v)->type) && tq_ggml_decode_for_prefill(*v, *v, n_tokens)) {
+        if ((*k)->op == GGML_OP_CPY && (*k)->src[0]->type == GGML_TYPE_F32) {
+            *k = (*k)->src[0];
+        }
+        *k = (*k)->type == GGML_TYPE_F32 ? *k : ggml_cast(ctx, *k, GGML_TYPE_F32);
+        *v = ggml_cast(ctx, *v, GGML_TYPE_F32);
+        return;
+    }
     if (tq_ggml_decode_for_prefill(*k, *v, n_tokens)) {
         *k = (*k)->type == GGML_TYPE_F32 ? *k : ggml_cast(ctx, *k, GGML_TYPE_F32);
         *v = (*v)->type == GGML_TYPE_F32 ? *v : ggml_cast(ctx, *v, GGML_TYPE_F32);

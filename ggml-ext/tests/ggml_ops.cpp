@@ -240,8 +240,10 @@ extern "C" int tq_test_flash_attn(int k_type, int v_type, int64_t D, int64_t gqa
 // against the f32 reference, on a mask with holes (isolated -INF keys, a masked run longer
 // than a tile, a fully masked tail), finite non-zero mask values, ALiBi slopes (max_bias),
 // logit softcap and attention sinks. n_q == 1 with 640 keys takes the split-KV path.
+// mask_heads == n_head gives every head its own mask row (as the K mean in RoPE's frame does):
+// the same holes, other finite values, and in head 1 a few holes of its own.
 extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64_t n_q, float softcap, int use_sinks,
-                                        float max_bias, char * err_buf, size_t cap) {
+                                        float max_bias, int64_t mask_heads, char * err_buf, size_t cap) {
     Err err{ err_buf, cap };
     const int64_t n_kv = 640, n_head_kv = 2, n_head = 6;
     Ctx c(256);
@@ -259,14 +261,18 @@ extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64
     ggml_tensor * v = mk((ggml_type) v_type, 22);
     ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, D, n_q, n_head);
     fill(q, gaussian(D * n_q * n_head, 23, 0.5f));
-    ggml_tensor * mask = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F16, n_kv, n_q);
+    if (mask_heads != 1 && mask_heads != n_head) return err.fail("mask_heads %lld: 1 or %lld", (long long) mask_heads, (long long) n_head);
+    ggml_tensor * mask = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F16, n_kv, n_q, mask_heads);
     std::mt19937 rng(24);
     std::uniform_real_distribution<float> small(-2.0f, 0.0f);
     ggml_fp16_t * m = (ggml_fp16_t *) mask->data;
-    for (int64_t i = 0; i < n_q; ++i) {
-        for (int64_t j = 0; j < n_kv; ++j) {
-            const bool hole = j % 7 == 3 || (j >= 40 && j < 90) || j >= n_kv - 37 + i;
-            m[i * n_kv + j] = ggml_fp32_to_fp16(hole ? -INFINITY : (j % 3 ? 0.0f : small(rng)));
+    for (int64_t h = 0; h < mask_heads; ++h) {
+        for (int64_t i = 0; i < n_q; ++i) {
+            for (int64_t j = 0; j < n_kv; ++j) {
+                const bool hole = j % 7 == 3 || (j >= 40 && j < 90) || j >= n_kv - 37 + i || (h == 1 && j % 11 == 5);
+                const float val = mask_heads == 1 ? (j % 3 ? 0.0f : small(rng)) : small(rng);
+                m[(h * n_q + i) * n_kv + j] = ggml_fp32_to_fp16(hole ? -INFINITY : val);
+            }
         }
     }
     ggml_tensor * sinks = nullptr;
@@ -305,8 +311,9 @@ extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64
             worst_ref = std::fmax(worst_ref, std::fabs(p.out[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
         }
         if (worst_on_off > 1e-5 || worst_ref > 1e-4) {
-            return err.fail("FA tiles (%s) %s/%s D=%lld n_q=%lld softcap=%g sinks=%d: vs per-key %g, vs f32 %g", p.name, kn,
-                            vn, (long long) D, (long long) n_q, softcap, use_sinks, worst_on_off, worst_ref);
+            return err.fail("FA tiles (%s) %s/%s D=%lld n_q=%lld softcap=%g sinks=%d mask heads %lld: vs per-key %g, vs f32 %g",
+                            p.name, kn, vn, (long long) D, (long long) n_q, softcap, use_sinks, (long long) mask_heads,
+                            worst_on_off, worst_ref);
         }
         // Different float summation order: bit-identical output means the path never ran.
         if (identical) return err.fail("FA tiles (%s) %s/%s: output bit-identical to per-key", p.name, kn, vn);
@@ -685,6 +692,74 @@ extern "C" size_t tq_ggml_row_size(int t, int64_t n) {
     return ggml_row_size((ggml_type) t, n);
 }
 
+// (3) of tq_test_kmean_rope: turbo4 K (the stored keys ko) and V through flash attention with
+// the term carried on the mask, against f32 K = decoded + R_p mu' (mu' from kmd) with the
+// plain mask. Inputs as the test has them: ko [hd, nkv, nt], qo and A [hd, nq, nt].
+static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const float * qo, const float * A,
+                         ggml_tensor * tab, const float * kmd, int64_t hd, int64_t nkv, int64_t nq, int64_t nt,
+                         float kq_scale) {
+    const int64_t half = hd / 2;
+    auto ch = [&](int64_t i, int ab) { return neox ? i + ab * half : 2 * i + ab; };
+    std::vector<float> kst(hd * nt * nkv), qf(hd * nt * nq);
+    for (int64_t t = 0; t < nt; ++t) {
+        for (int64_t h = 0; h < nkv; ++h) memcpy(&kst[(h * nt + t) * hd], &ko[(t * nkv + h) * hd], hd * sizeof(float));
+        for (int64_t h = 0; h < nq; ++h) memcpy(&qf[(h * nt + t) * hd], &qo[(t * nq + h) * hd], hd * sizeof(float));
+    }
+    ggml_tensor * kt = ggml_new_tensor_3d(c.ctx, GGML_TYPE_TURBO4, hd, nt, nkv);
+    ggml_tensor * vt = ggml_new_tensor_3d(c.ctx, GGML_TYPE_TURBO4, hd, nt, nkv);
+    ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nt, nq);
+    ggml_tensor * a = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nq, nt);
+    fill(kt, kst);
+    fill(vt, gaussian(hd * nt * nkv, 45));
+    fill(q, qf);
+    memcpy(a->data, A, ggml_nbytes(a));
+    // the reference keys: decoded, plus R_p mu' per cell
+    std::vector<float> kref = decode(kt);
+    const float * T = (const float *) tab->data;
+    for (int64_t h = 0; h < nkv; ++h)
+        for (int64_t t = 0; t < nt; ++t)
+            for (int64_t i = 0; i < half; ++i) {
+                const double ma = kmd[h * hd + ch(i, 0)], mb = kmd[h * hd + ch(i, 1)], cs = T[t * hd + i], sn = T[t * hd + half + i];
+                kref[(h * nt + t) * hd + ch(i, 0)] += (float) (cs * ma - sn * mb);
+                kref[(h * nt + t) * hd + ch(i, 1)] += (float) (sn * ma + cs * mb);
+            }
+    ggml_tensor * kr = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nt, nkv);
+    ggml_tensor * vr = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nt, nkv);
+    fill(kr, kref);
+    fill(vr, decode(vt));
+    ggml_tensor * mask = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F16, nt, nt);
+    ggml_fp16_t * m = (ggml_fp16_t *) mask->data;
+    for (int64_t i = 0; i < nt * nt; ++i) m[i] = ggml_fp32_to_fp16(nt > 2 && i % nt == 1 ? -INFINITY : 0.0f); // a hole at key 1
+    auto attn = [&](ggml_tensor * kk, ggml_tensor * vv, ggml_tensor * mm) {
+        ggml_tensor * o = ggml_flash_attn_ext(c.ctx, q, kk, vv, mm, kq_scale, 0.0f, 0.0f);
+        ggml_flash_attn_ext_set_prec(o, GGML_PREC_F32);
+        compute(c.ctx, o);
+        return decode(o);
+    };
+    const auto ref = attn(kr, vr, mask);
+    const auto plain = attn(kt, vt, mask); // without the term: must be far from ref
+    const int was_tile = tq_ggml_fa_tile();
+    double off_plain = 0;
+    for (size_t i = 0; i < ref.size(); ++i) off_plain = std::fmax(off_plain, std::fabs(plain[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
+    for (int tile : { 2, 1, 0 }) { // shared GQA tiles, per-head tiles, per-key loop
+        tq_ggml_set_fa_tile(tile);
+        const auto got = attn(kt, vt, tq_rf_term_mask(c.ctx, mask, a, tab));
+        double worst = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+            if (!std::isfinite(got[i])) { tq_ggml_set_fa_tile(was_tile); return err.fail("FA term: non-finite output"); }
+            worst = std::fmax(worst, std::fabs(got[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
+        }
+        // measured: at most 4.7e-6 against the reference, at least 0.78 without the term
+        if (worst > 2e-5 || off_plain < 0.1) {
+            tq_ggml_set_fa_tile(was_tile);
+            return err.fail("FA term (tile %d, neox %d, nt %lld): vs f32 keys + R_p mu' %g (want <= 2e-5); without the term %g (want >= 0.1)",
+                            tile, neox, (long long) nt, worst, off_plain);
+        }
+    }
+    tq_ggml_set_fa_tile(was_tile);
+    return 0;
+}
+
 // The K mean in RoPE's frame (tq-kmean-rope.h). Keys are roped copies of mu0 + noise at
 // scattered positions; a k_mean marked for the frame, SET and KEEP, with and without
 // balancing, both RoPE layouts. Checked: (1) every logit is exact per key (not only up to a
@@ -784,6 +859,11 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
                     e_st += x * x;
                 }
             if (e_st / e_raw > 0.105) return err.fail("neox %d bal %d: stored energy %.4f of the raw keys', want <= 0.105", neox, bal, e_st / e_raw);
+        }
+        // (3) the turbo flash-attention tiles with the term (tq-fa-term.h), every tile path,
+        //     equal flash attention over f32 keys decoded + R_p mu'
+        if (int fail = kmean_rope_fa(err, c, neox, ko, qo, (const float *) A->data, tab, kmd, hd, nkv, nq, nt, kq_scale)) {
+            return fail;
         }
     }
     return 0;
