@@ -144,7 +144,9 @@ fn flash_attn_tiled_decode_equals_per_key_loop() {
                 // one mask row for all heads, then one per head (the K mean in RoPE's frame)
                 for mask_heads in [1, 6] {
                     check(|e, n| unsafe {
-                        tq_test_flash_attn_tiles(k, v, d, n_q, softcap, sinks, max_bias, mask_heads, e, n)
+                        tq_test_flash_attn_tiles(
+                            k, v, d, n_q, softcap, sinks, max_bias, mask_heads, e, n,
+                        )
                     });
                 }
             }

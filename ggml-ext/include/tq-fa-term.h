@@ -12,8 +12,9 @@
  *
  * How it reaches the kernel without a new op or a new FA argument: the FA's mask is a
  * GGML_OP_VIEW of the real mask (same data, so every other reader sees the plain mask) with
- * src[1] = T, f32 [hd, n_kv] (column j for cell j, as the FA's K rows), src[2] = A, f32
- * [hd, n_head, n_tokens], and this mark in its last op_params slot. Only the CPU turbo
+ * src[1] = T, f32 [hd, n_kv * ns] (column s * n_kv + j for cell j of the FA's K stream s),
+ * src[2] = A, f32 [hd, n_head, n_tokens * ns] (row (s * n_tokens + t) * n_head + h for query
+ * token t of stream s, head h), and this mark in its last op_params slot. Only the CPU turbo
  * kernels read it, so llama attaches it only where they run (K and V turbo, flash attention
  * on, a CPU-only model); everywhere else the per-head mask does the same job.
  */

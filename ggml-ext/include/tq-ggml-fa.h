@@ -358,7 +358,7 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
     /* a per-key term (tq-fa-term.h) is only added here: llama attaches one only over a turbo V */
     const tq_fa_term_t term = tq_fa_term_of(mask);
     GGML_ASSERT(!term.marked || (v_mad && term.T && term.hd == k->ne[0] && term.n_head == q->ne[2] &&
-                                 term.n_tokens == q->ne[1] && term.n_cells >= k->ne[1] && q->ne[3] == 1));
+                                 term.n_tokens == q->ne[1] * q->ne[3] && term.n_cells == k->ne[1] * k->ne[3]));
     if (!v_mad || (params->use_ref && !term.marked)) return 0;
     const tq_ggml_fa_t fa = tq_ggml_fa_kernels(k->type, v->type);
 
@@ -403,6 +403,8 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         const int iv3 = iq3 / rv3, iv2 = iq2 / rv2;
         const char *k_head = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
         const char *v_head = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
+        /* the per-key term's rows for this K stream's cells, and this query's coefficients */
+        const float *tt = term.T ? term.T + (int64_t) ik3 * k->ne[1] * DK : NULL;
 
         if (shared) {
             const int64_t lead = ir - (int64_t) (iq2 % g) * neq1;
@@ -413,7 +415,7 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
                 for (int j = 0; j < g; ++j) {
                     const uint32_t hj = iq2 + j;
                     hd[j].q = (const float *) ((char *) q->data + (iq1 * q->nb[1] + hj * q->nb[2] + iq3 * q->nb[3]));
-                    hd[j].ta = term.A ? term.A + (iq1 * neq2 + hj) * DK : NULL;
+                    hd[j].ta = term.A ? term.A + ((iq3 * neq1 + iq1) * neq2 + hj) * DK : NULL;
                     hd[j].mp = mask ? (const ggml_fp16_t *) ((const char *) mp + (((iq2 + j) % mask->ne[2]) -
                                                                               (iq2 % mask->ne[2])) * (int64_t) mask->nb[2])
                                     : NULL;
@@ -424,7 +426,7 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
                     memset(hd[j].VKQ, 0, DV * sizeof(float));
                 }
                 tq_ggml_fa_rows_shared(k_dec, v_dec, k_head, k->nb[1], v_head, v->nb[1], hd, (int) g, DK, DV, mp, scale,
-                                       logit_softcap, ic_start, ic_end, term.T);
+                                       logit_softcap, ic_start, ic_end, tt);
                 for (int j = 0; j < g; ++j) {
                     tq_ggml_fa_store(dst, sinks, ir + j * (int) neq1, iq1, iq2 + j, iq3, DV, ic_start, hd[j].M, hd[j].S,
                                      hd[j].VKQ, partials, partial_stride);
@@ -442,10 +444,10 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         const float *pq = (const float *) ((char *) q->data + (iq1 * q->nb[1] + iq2 * q->nb[2] + iq3 * q->nb[3]));
         q_to_vec_dot(pq, Q_q, DK);
 
-        const float *ta = term.A ? term.A + (iq1 * neq2 + iq2) * DK : NULL;
+        const float *ta = term.A ? term.A + ((iq3 * neq1 + iq1) * neq2 + iq2) * DK : NULL;
         if (fa.dot) {
             tq_ggml_fa_row(&fa, k_head, k->nb[1], v_head, v->nb[1], (const float *) Q_q, DK, DV, mp, slope, scale,
-                           logit_softcap, ic_start, ic_end, term.T, ta, VKQ32, &M, &S);
+                           logit_softcap, ic_start, ic_end, tt, ta, VKQ32, &M, &S);
         } else {
             for (int64_t ic = ic_start; ic < ic_end; ++ic) {
                 const float mv = mp ? slope * TQ_FA_FP16_TO_FP32(mp[ic]) : 0.0f;
@@ -453,7 +455,7 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
                 float s;
                 kq_vec_dot(DK, &s, 0, k_head + ic * k->nb[1], 0, Q_q, 0, 1);
                 if (ta) {
-                    for (int64_t d = 0; d < DK; ++d) s += term.T[ic * DK + d] * ta[d];
+                    for (int64_t d = 0; d < DK; ++d) s += tt[ic * DK + d] * ta[d];
                 }
                 s = s * scale;
                 if (logit_softcap != 0.0f) s = logit_softcap * tanhf(s);

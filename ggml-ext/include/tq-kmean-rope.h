@@ -158,18 +158,20 @@ static inline ggml_tensor * tq_rf_coeffs(ggml_context * ctx, ggml_tensor * q, gg
                           neox ? (void *) 1 : nullptr);
 }
 
-/* Decode: the mask [n_kv, nt, 1, 1] plus kq_scale * q.R_p mu' per head, from the coefficients
-   A [hd, nq, nt] and the cells' table T [hd, n_kv]: [n_kv, nt, nq, 1] in the mask's type. */
+/* Decode: the mask [n_kv, nt, 1, ns] plus kq_scale * q.R_p mu' per head, from the coefficients
+   A [hd, nq, nt ns] and the cells' table T [hd, n_kv ns]: [n_kv, nt, nq, ns] in the mask's type. */
 static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T,
                                        float kq_scale) {
-    const int64_t n_kv = T->ne[1], nq = A->ne[1], nt = A->ne[2];
-    GGML_ASSERT(mask->ne[0] == n_kv && mask->ne[1] == nt && mask->ne[2] == 1 && mask->ne[3] == 1);
-    ggml_tensor * b = ggml_mul_mat(ctx, T, ggml_reshape_2d(ctx, A, A->ne[0], nq * nt));      // [n_kv, nq nt]
-    b = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, b, n_kv, nq, nt), 0, 2, 1, 3)); // [n_kv, nt, nq]
+    // ns streams in view: the mask is [n_kv, n_tps, 1, ns], T's columns and A's tokens come in
+    // ns blocks, and each block's tokens see only that block's cells
+    const int64_t ns = mask->ne[3], n_kv = mask->ne[0], n_tps = mask->ne[1], nq = A->ne[1], hd = A->ne[0];
+    GGML_ASSERT(T->ne[1] == n_kv * ns && A->ne[2] == n_tps * ns && mask->ne[2] == 1);
+    ggml_tensor * b = ggml_mul_mat(ctx, ggml_reshape_4d(ctx, T, hd, n_kv, 1, ns),
+                                   ggml_reshape_4d(ctx, A, hd, nq * n_tps, 1, ns));        // [n_kv, nq n_tps, 1, ns]
+    b = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, b, n_kv, nq, n_tps, ns), 0, 2, 1, 3)); // [n_kv, n_tps, nq, ns]
     ggml_tensor * m = mask->type == GGML_TYPE_F32 ? mask : ggml_cast(ctx, mask, GGML_TYPE_F32);
-    b = ggml_add(ctx, ggml_scale(ctx, b, kq_scale), ggml_reshape_3d(ctx, m, n_kv, nt, 1));
-    b = mask->type == GGML_TYPE_F32 ? b : ggml_cast(ctx, b, mask->type);
-    return ggml_reshape_4d(ctx, b, n_kv, nt, nq, 1);
+    b = ggml_add(ctx, ggml_scale(ctx, b, kq_scale), m);
+    return mask->type == GGML_TYPE_F32 ? b : ggml_cast(ctx, b, mask->type);
 }
 
 /* Decode where CPU flash attention runs over turbo K and V: the mask as a marked view that
@@ -177,7 +179,7 @@ static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, g
    (tq-fa-term.h). Exact as tq_rf_mask, and inside the softcap where there is one. */
 static inline ggml_tensor * tq_rf_term_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T) {
     GGML_ASSERT(A->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && A->ne[0] == T->ne[0]);
-    GGML_ASSERT(mask->ne[0] == T->ne[1] && mask->ne[1] == A->ne[2]);
+    GGML_ASSERT(mask->ne[0] * mask->ne[3] == T->ne[1] && mask->ne[1] * mask->ne[3] == A->ne[2] && mask->ne[2] == 1);
     ggml_tensor * m = ggml_view_4d(ctx, mask, mask->ne[0], mask->ne[1], mask->ne[2], mask->ne[3], mask->nb[1], mask->nb[2],
                                    mask->nb[3], 0);
     m->src[1] = ggml_is_contiguous(T) ? T : ggml_cont(ctx, T);
@@ -186,18 +188,18 @@ static inline ggml_tensor * tq_rf_term_mask(ggml_context * ctx, ggml_tensor * ma
     return m;
 }
 
-/* Prefill: the cache's keys k [hd, nkv, n_kv, 1] (the cache's type, rotated) as f32 with
+/* Prefill: the cache's keys k [hd, nkv, n_kv, ns] (the cache's type, rotated) as f32 with
    R_p mu' added back per cell (rotated by rot, the cache's rotation, when there is one). */
 static inline ggml_tensor * tq_rf_keys(ggml_context * ctx, ggml_tensor * k, ggml_tensor * mu, ggml_tensor * T,
                                        ggml_tensor * rot, bool neox,
                                        ggml_tensor * (*rotate)(ggml_context *, ggml_tensor *, ggml_tensor *)) {
-    GGML_ASSERT(k->ne[3] == 1 && k->ne[2] == T->ne[1]);
-    ggml_tensor * rm = tq_rf_rotate_mean(ctx, mu, T, neox); // [hd, nkv, n_kv], channel frame
+    GGML_ASSERT(k->ne[2] * k->ne[3] == T->ne[1]); // ne[3]: the view's streams, T's column blocks
+    ggml_tensor * rm = tq_rf_rotate_mean(ctx, mu, T, neox); // [hd, nkv, n_kv ns], channel frame
     if (rot) {
         rm = rotate(ctx, rm, rot);
     }
     ggml_tensor * k32 = ggml_cast(ctx, k, GGML_TYPE_F32);
-    return ggml_add(ctx, k32, ggml_reshape_4d(ctx, rm, k->ne[0], k->ne[1], k->ne[2], 1));
+    return ggml_add(ctx, k32, ggml_reshape_4d(ctx, rm, k->ne[0], k->ne[1], k->ne[2], k->ne[3]));
 }
 
 #endif /* TQ_KMEAN_ROPE_H */

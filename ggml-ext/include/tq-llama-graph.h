@@ -31,8 +31,8 @@ public:
         }
         for (size_t i = 0; i < tab_ub.size(); ++i) {
             std::vector<float> ub(tab_ub[i] ? ggml_nelements(tab_ub[i]) : 0), cells(tab_kv[i] ? ggml_nelements(tab_kv[i]) : 0);
-            kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i] ? ub.data() : nullptr,
-                                   tab_kv[i] ? cells.data() : nullptr, tab_kv[i] ? tab_kv[i]->ne[1] : 0);
+            kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i] ? ub.data() : nullptr, tab_kv[i] ? cells.data() : nullptr,
+                                   tab_kv[i] ? tab_kv[i]->ne[1] / kv_streams : 0, kv_streams);
             if (tab_ub[i]) {
                 ggml_backend_tensor_set(tab_ub[i], ub.data(), 0, ggml_nbytes(tab_ub[i]));
             }
@@ -53,9 +53,10 @@ public:
     ggml_tensor * map = nullptr; // SET only: f32 [hd_max * hd_max, n_layer], layer il's M in row il
 
     // the mean in RoPE's frame (tq-kmean-rope.h), per set of RoPE frequencies: the position
-    // tables of the ubatch's tokens [hd, n_tokens] and of the cells in view [hd, n_kv]; per
-    // layer, the per-key term's coefficients from tq_kmean_apply
+    // tables of the ubatch's tokens [hd, n_tokens] and of the cells in view [hd, n_kv * the
+    // view's streams]; per layer, the per-key term's coefficients from tq_kmean_apply
     std::vector<ggml_tensor *> tab_ub, tab_kv;
+    int64_t kv_streams = 1;
     std::vector<ggml_tensor *> coeffs;
 };
 
@@ -165,8 +166,9 @@ static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, 
         return;
     }
     const int set = kv->tq_kmean_rope_set(il);
-    ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, (*k)->ne[2], "tq_kmean_rope_kv");
-    GGML_ASSERT(tab->ne[1] == (*k)->ne[2]);
+    in->kv_streams = (*k)->ne[3];
+    ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, (*k)->ne[2] * (*k)->ne[3], "tq_kmean_rope_kv");
+    GGML_ASSERT(tab->ne[1] == (*k)->ne[2] * (*k)->ne[3]);
     if (A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS) {
         const int64_t hd = (*k)->ne[0];
         ggml_tensor * mu = tq_kmean_view(ctx, k_mean, hd, (*k)->ne[1]);
