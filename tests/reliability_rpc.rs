@@ -95,7 +95,9 @@ fn ppl(ctk: &str, ctv: &str, rpc: Option<&str>, env: &[(&str, &str)]) -> f64 {
 /// in one layer flips a few borderline codebook indices in the next layer's cache, so the
 /// quantization noise is a different draw and PPL moves by the size of that noise (local
 /// with the shortcut 22.0043, without it and through RPC 21.5079). With the same kernel on
-/// both sides the results must be identical, with and without K mean removal.
+/// both sides the results must be identical, with and without K mean removal. The K mean in
+/// RoPE's frame runs only where the model has no device but the CPU, so an RPC run keeps the
+/// fitted mean (its log says so) and the local reference is asked for the same.
 #[test]
 fn perplexity_through_rpc_server_is_bit_identical() {
     let mut srv = RpcServer::start();
@@ -106,7 +108,11 @@ fn perplexity_through_rpc_server_is_bit_identical() {
         assert_eq!(local, remote, "{t}: PPL through RPC differs");
     }
     for kmean in ["1", "0"] {
-        let env = [("TQ_PREFILL_DECODE", "0"), ("TQ_K_MEAN", kmean)];
+        let env = [
+            ("TQ_PREFILL_DECODE", "0"),
+            ("TQ_K_MEAN", kmean),
+            ("TQ_K_MEAN_FRAME", "fitted"),
+        ];
         let local = ppl("turbo4", "turbo3", None, &env);
         let remote = ppl("turbo4", "turbo3", Some(&ep), &env);
         eprintln!("turbo4/turbo3 (TQ_K_MEAN={kmean}): local {local}, through RPC {remote}");

@@ -77,8 +77,8 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
     assert_eq!(st.tags.len(), 30, "SmolLM2-135M has 30 layers");
     assert_eq!(
         &good[st.tags[0]..st.tags[0] + 4],
-        b"TQB2",
-        "balancing on by default"
+        b"TQBF",
+        "balancing on and the mean in RoPE's frame by default (a CPU-only model)"
     );
     let n = st.n_values / 2;
     let m0 = st.tags[0] + 4; // layer 0's m[0]
@@ -94,7 +94,9 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
         let mut tag = good.clone();
         tag[st.tags[3]..st.tags[3] + 4].copy_from_slice(&0x1234_5678u32.to_le_bytes());
         let mut other = good.clone();
-        other[st.tags[0]..st.tags[0] + 4].copy_from_slice(b"TQM2");
+        other[st.tags[0]..st.tags[0] + 4].copy_from_slice(b"TQMF");
+        let mut fitted = good.clone();
+        fitted[st.tags[5]..st.tags[5] + 4].copy_from_slice(b"TQB2");
         vec![
             (
                 "NaN mean, layer 0",
@@ -122,6 +124,11 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
             (
                 "mean-only tag in a balancing cache",
                 other,
+                "does not match this cache's",
+            ),
+            (
+                "fitted-mean tag in a RoPE-frame cache, layer 5",
+                fitted,
                 "does not match this cache's",
             ),
             (

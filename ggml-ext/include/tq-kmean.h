@@ -25,6 +25,11 @@
  * stores as a [head_dim x head_dim] matrix M beside m. Any m keeps attention exact; F
  * only decides how much quantization error it removes.
  *
+ * Where the model runs on the CPU the default goes further (tq-kmean-rope.h): key p stores
+ * s*(k_p - R_p mu), the pre-RoPE mean turned to the key's own position, and attention adds
+ * the per-key term q.R_p mu back; that follows the spinning pairs too. This file's fitted m
+ * is the fallback (a GPU device; TQ_K_MEAN_FRAME=fitted).
+ *
  * Invariant: every key in the cache was stored with the same m and s. So they are chosen
  * only when the cache holds no cell at all (the first ubatch after it became empty) and
  * never change while a key stored with them exists:

@@ -121,13 +121,14 @@ pub fn turbo_state_layout(f: &[u8]) -> TurboState {
         let row = u64::from_le_bytes(f[o + 4..o + 12].try_into().unwrap()) as usize;
         o += 12 + cells * row;
         let tag = &f[o..o + 4];
+        // the fitted mean (TQ?2) or the mean in RoPE's frame (TQ?F); B: with balancing
         assert!(
-            tag == b"TQB2" || tag == b"TQM2",
+            [b"TQB2", b"TQM2", b"TQBF", b"TQMF"].contains(&tag.try_into().unwrap()),
             "layer {il}: no K-mean tag at {o}: {tag:?}"
         );
         // 34-byte turbo4 blocks of 64 values: the row holds n_embd_k_gqa values
         let n = row / 34 * 64;
-        n_values = if tag == b"TQB2" { 2 * n } else { n };
+        n_values = if tag[2] == b'B' { 2 * n } else { n };
         tags.push(o);
         o += 4 + 4 * n_values;
     }
