@@ -141,6 +141,38 @@ static inline void tq_ggml_fa_add_term(const float *T, int64_t start, int n, int
     for (int i = 0; i < n; ++i) s[i] += t[i];
 }
 
+/* s[i] = dot(row i of kf, q) + dot(row i of t, a): the shared tiles' score with the per-key
+   term (tq-fa-term.h) in the same pass, so both share one set of horizontal sums. */
+static inline void tq_ggml_fa_tile_dots2(const float *kf, const float *t, int n, int64_t DK, const float *q,
+                                         const float *a, float *s) {
+    int i = 0;
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+    if (DK % 16 == 0) {
+        for (; i + 4 <= n; i += 4) {
+            const float *r = kf + (int64_t) i * DK, *u = t + (int64_t) i * DK;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < DK; d += 16) {
+                const __m512 qv = _mm512_loadu_ps(q + d), av = _mm512_loadu_ps(a + d);
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(u + d), av, _mm512_fmadd_ps(_mm512_loadu_ps(r + d), qv, a0));
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(u + DK + d), av, _mm512_fmadd_ps(_mm512_loadu_ps(r + DK + d), qv, a1));
+                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(u + 2 * DK + d), av, _mm512_fmadd_ps(_mm512_loadu_ps(r + 2 * DK + d), qv, a2));
+                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(u + 3 * DK + d), av, _mm512_fmadd_ps(_mm512_loadu_ps(r + 3 * DK + d), qv, a3));
+            }
+            const __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), tq_fa_hi256(a0));
+            const __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), tq_fa_hi256(a1));
+            const __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), tq_fa_hi256(a2));
+            const __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), tq_fa_hi256(a3));
+            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+            _mm_storeu_ps(s + i, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        }
+    }
+#endif
+    if (i < n) {
+        tq_ggml_fa_tile_dots(kf + (int64_t) i * DK, n - i, DK, q, s + i);
+        tq_ggml_fa_add_term(t + (int64_t) i * DK, 0, n - i, DK, a, s + i);
+    }
+}
+
 /* The next run of up to TQ_FA_TILE keys from *ic (before ic1) that the mask row mp does not
    exclude: their mask values times slope go to mv, the run starts at *start, *ic moves past
    it. Returns the run's length, 0 when no key is left. */
@@ -276,8 +308,11 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
                 m = mh;
             }
             float tile_max = -INFINITY;
-            tq_ggml_fa_tile_dots(kf, n, DK, H->q, s);
-            tq_ggml_fa_add_term(tt, start, n, DK, H->ta, s);
+            if (H->ta) {
+                tq_ggml_fa_tile_dots2(kf, tt + start * DK, n, DK, H->q, H->ta, s);
+            } else {
+                tq_ggml_fa_tile_dots(kf, n, DK, H->q, s);
+            }
             for (int i = 0; i < n; ++i) {
                 float x = s[i] * scale;
                 if (softcap != 0.0f) x = softcap * tanhf(x);
