@@ -81,6 +81,15 @@ static inline tq_ggml_fa_t tq_ggml_fa_kernels(enum ggml_type k_type, enum ggml_t
 static inline __m256 tq_fa_hi256(__m512 a) {
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
 }
+/* s[0..4) = the horizontal sums of a0..a3. */
+static inline void tq_fa_hsum4_512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float *s) {
+    const __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), tq_fa_hi256(a0));
+    const __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), tq_fa_hi256(a1));
+    const __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), tq_fa_hi256(a2));
+    const __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), tq_fa_hi256(a3));
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+    _mm_storeu_ps(s, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
 #endif
 
 /* s[i] = dot(row i of kf, q) for the tile's n rows of DK floats: four rows per pass with the
@@ -100,12 +109,7 @@ static inline void tq_ggml_fa_tile_dots(const float *kf, int n, int64_t DK, cons
                 a2 = _mm512_fmadd_ps(_mm512_loadu_ps(r + 2 * DK + d), qv, a2);
                 a3 = _mm512_fmadd_ps(_mm512_loadu_ps(r + 3 * DK + d), qv, a3);
             }
-            const __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), tq_fa_hi256(a0));
-            const __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), tq_fa_hi256(a1));
-            const __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), tq_fa_hi256(a2));
-            const __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), tq_fa_hi256(a3));
-            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
-            _mm_storeu_ps(s + i, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+            tq_fa_hsum4_512(a0, a1, a2, a3, s + i);
         }
     }
 #endif
@@ -158,12 +162,7 @@ static inline void tq_ggml_fa_tile_dots2(const float *kf, const float *t, int n,
                 a2 = _mm512_fmadd_ps(_mm512_loadu_ps(u + 2 * DK + d), av, _mm512_fmadd_ps(_mm512_loadu_ps(r + 2 * DK + d), qv, a2));
                 a3 = _mm512_fmadd_ps(_mm512_loadu_ps(u + 3 * DK + d), av, _mm512_fmadd_ps(_mm512_loadu_ps(r + 3 * DK + d), qv, a3));
             }
-            const __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), tq_fa_hi256(a0));
-            const __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), tq_fa_hi256(a1));
-            const __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), tq_fa_hi256(a2));
-            const __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), tq_fa_hi256(a3));
-            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
-            _mm_storeu_ps(s + i, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+            tq_fa_hsum4_512(a0, a1, a2, a3, s + i);
         }
     }
 #endif
