@@ -140,6 +140,7 @@ fn flash_attn_tiled_decode_equals_per_key_loop() {
                 (1, 30.0, 1, 0.0),
                 (3, 0.0, 1, 8.0),
                 (2, 20.0, 0, 0.0),
+                (8, 0.0, 0, 0.0),
             ] {
                 // one mask row for all heads, then one per head (the K mean in RoPE's frame)
                 for mask_heads in [1, 6] {

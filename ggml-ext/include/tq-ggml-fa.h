@@ -16,6 +16,9 @@
  *
  * With GQA, the query heads of one K/V head take each tile together and decode it once
  * (tq_ggml_fa_rows_shared; TQ_FA_TILE=1 or tq_ggml_set_fa_tile(1) keeps tiles per head).
+ * A head alone runs the same decoded tiles, bit for bit what it gets in its group, so a
+ * row's result does not depend on how the rows were split into chunks (batch invariance);
+ * the fused decode-and-dot kernels are left for what the decoded tiles do not take.
  *
  * Used from ggml-cpu/ops.cpp (the patch adds two calls, tq_ggml_fa_one_chunk and
  * tq_ggml_fa_split_heads at the end of this file), after ggml-cpu's vec.h and
@@ -92,26 +95,44 @@ static inline void tq_fa_hsum4_512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, f
 }
 #endif
 
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+/* Rows [0, n - n % 4) of the two kernels below (AVX-512, DK a multiple of 16): s[i] =
+   dot(row i of kf, q), plus dot(row i of t, a) when a is not NULL (the per-key term,
+   tq-fa-term.h, summed into the same accumulators). Returns the rows done. */
+static inline int tq_fa_dots4_512(const float *kf, const float *t, int n, int64_t DK, const float *q, const float *a,
+                                  float *s) {
+    if (DK % 16 != 0) return 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float *r = kf + (int64_t) i * DK, *u = a ? t + (int64_t) i * DK : NULL;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t d = 0; d < DK; d += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + d);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r + d), qv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(r + DK + d), qv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(r + 2 * DK + d), qv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(r + 3 * DK + d), qv, a3);
+            if (u) {
+                const __m512 av = _mm512_loadu_ps(a + d);
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(u + d), av, a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(u + DK + d), av, a1);
+                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(u + 2 * DK + d), av, a2);
+                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(u + 3 * DK + d), av, a3);
+            }
+        }
+        tq_fa_hsum4_512(a0, a1, a2, a3, s + i);
+    }
+    return i;
+}
+#endif
+
 /* s[i] = dot(row i of kf, q) for the tile's n rows of DK floats: four rows per pass with the
    query loaded once per pass and the four horizontal sums done together (AVX-512 for DK a
    multiple of 16, AVX2 for a multiple of 8), else one row at a time. */
 static inline void tq_ggml_fa_tile_dots(const float *kf, int n, int64_t DK, const float *q, float *s) {
     int i = 0;
 #if defined(TQ_FA_AVX2) && defined(__AVX512F__)
-    if (DK % 16 == 0) {
-        for (; i + 4 <= n; i += 4) {
-            const float *r = kf + (int64_t) i * DK;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t d = 0; d < DK; d += 16) {
-                const __m512 qv = _mm512_loadu_ps(q + d);
-                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r + d), qv, a0);
-                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(r + DK + d), qv, a1);
-                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(r + 2 * DK + d), qv, a2);
-                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(r + 3 * DK + d), qv, a3);
-            }
-            tq_fa_hsum4_512(a0, a1, a2, a3, s + i);
-        }
-    }
+    i = tq_fa_dots4_512(kf, NULL, n, DK, q, NULL, s);
 #endif
 #ifdef TQ_FA_AVX2
     if (DK % 8 == 0) {
@@ -145,26 +166,14 @@ static inline void tq_ggml_fa_add_term(const float *T, int64_t start, int n, int
     for (int i = 0; i < n; ++i) s[i] += t[i];
 }
 
-/* s[i] = dot(row i of kf, q) + dot(row i of t, a): the shared tiles' score with the per-key
-   term (tq-fa-term.h) in the same pass, so both share one set of horizontal sums. */
+/* s[i] = dot(row i of kf, q) + dot(row i of t, a) (a NULL: the first alone): the shared
+   tiles' score with the per-key term in one pass where AVX-512 is there (one set of
+   horizontal sums), else two. */
 static inline void tq_ggml_fa_tile_dots2(const float *kf, const float *t, int n, int64_t DK, const float *q,
                                          const float *a, float *s) {
     int i = 0;
 #if defined(TQ_FA_AVX2) && defined(__AVX512F__)
-    if (DK % 16 == 0) {
-        for (; i + 4 <= n; i += 4) {
-            const float *r = kf + (int64_t) i * DK, *u = t + (int64_t) i * DK;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t d = 0; d < DK; d += 16) {
-                const __m512 qv = _mm512_loadu_ps(q + d), av = _mm512_loadu_ps(a + d);
-                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(u + d), av, _mm512_fmadd_ps(_mm512_loadu_ps(r + d), qv, a0));
-                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(u + DK + d), av, _mm512_fmadd_ps(_mm512_loadu_ps(r + DK + d), qv, a1));
-                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(u + 2 * DK + d), av, _mm512_fmadd_ps(_mm512_loadu_ps(r + 2 * DK + d), qv, a2));
-                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(u + 3 * DK + d), av, _mm512_fmadd_ps(_mm512_loadu_ps(r + 3 * DK + d), qv, a3));
-            }
-            tq_fa_hsum4_512(a0, a1, a2, a3, s + i);
-        }
-    }
+    i = tq_fa_dots4_512(kf, t, n, DK, q, a, s);
 #endif
     if (i < n) {
         tq_ggml_fa_tile_dots(kf + (int64_t) i * DK, n - i, DK, q, s + i);
@@ -307,11 +316,7 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
                 m = mh;
             }
             float tile_max = -INFINITY;
-            if (H->ta) {
-                tq_ggml_fa_tile_dots2(kf, tt + start * DK, n, DK, H->q, H->ta, s);
-            } else {
-                tq_ggml_fa_tile_dots(kf, n, DK, H->q, s);
-            }
+            tq_ggml_fa_tile_dots2(kf, H->ta ? tt + start * DK : NULL, n, DK, H->q, H->ta, s);
             for (int i = 0; i < n; ++i) {
                 float x = s[i] * scale;
                 if (softcap != 0.0f) x = softcap * tanhf(x);
@@ -420,10 +425,16 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
     /* GQA groups (tq_ggml_fa_rows_shared): the rk2 heads of one K/V head, for one query token,
        rows ir, ir + neq1, ... when all of them are in this chunk and share the mask row */
     const ggml_to_float_t k_dec = ggml_get_type_traits(k->type)->to_float, v_dec = ggml_get_type_traits(v->type)->to_float;
+    /* decoded tiles (tq_ggml_fa_rows_shared) for every row where they apply, a group of g
+       heads or one head alone, so that a row's result never depends on whether its group
+       fell into one chunk: the chunks follow the ubatch's size and the thread count, and a
+       path chosen per chunk would make a sequence's logits depend on what else is batched
+       with it (quantizing the next layers' K and V then turns that rounding into whole code
+       steps; tests/reliability_server.rs compares batched and lone answers) */
     const int64_t g = rk2;
-    const int shared = fa.dot && tq_ggml_fa_tile() >= 2 && g > 1 && g <= TQ_FA_GQA_MAX && rv2 == rk2 && rv3 == rk3 &&
-                       DK <= TQ_FA_GQA_DMAX && DV <= TQ_FA_GQA_DMAX && k_dec && v_dec &&
-                       k_vec_dot_type == GGML_TYPE_F32 && q->type == GGML_TYPE_F32;
+    const int decoded = fa.dot && DK <= TQ_FA_GQA_DMAX && DV <= TQ_FA_GQA_DMAX && k_dec && v_dec &&
+                        k_vec_dot_type == GGML_TYPE_F32 && q->type == GGML_TYPE_F32;
+    const int shared = decoded && tq_ggml_fa_tile() >= 2 && g > 1 && g <= TQ_FA_GQA_MAX && rv2 == rk2 && rv3 == rk3;
 
     for (int ir = ir0; ir < ir1; ++ir) {
         const int iq3 = ir / (neq2 * neq1);
@@ -440,33 +451,37 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         /* the per-key term's rows for this K stream's cells, and this query's coefficients */
         const float *tt = term.T ? term.T + (int64_t) ik3 * k->ne[1] * DK : NULL;
 
-        if (shared) {
+        if (decoded) {
             const int64_t lead = ir - (int64_t) (iq2 % g) * neq1;
-            if (lead >= ir0 && lead + (g - 1) * neq1 < ir1) {
-                if (lead != ir) continue; /* done with its group's first head */
-                float acc[TQ_FA_GQA_MAX * TQ_FA_GQA_DMAX];
-                tq_ggml_fa_head_t hd[TQ_FA_GQA_MAX];
-                for (int j = 0; j < g; ++j) {
-                    const uint32_t hj = iq2 + j;
-                    hd[j].q = (const float *) ((char *) q->data + (iq1 * q->nb[1] + hj * q->nb[2] + iq3 * q->nb[3]));
-                    hd[j].ta = term.A ? term.A + ((iq3 * neq1 + iq1) * neq2 + hj) * DK : NULL;
-                    hd[j].mp = mask ? (const ggml_fp16_t *) ((const char *) mp + (((iq2 + j) % mask->ne[2]) -
-                                                                              (iq2 % mask->ne[2])) * (int64_t) mask->nb[2])
-                                    : NULL;
-                    hd[j].slope = (max_bias > 0.0f) ? hj < n_head_log2 ? powf(m0, hj + 1) : powf(m1, 2 * (hj - n_head_log2) + 1) : 1.0f;
-                    hd[j].M = -INFINITY;
-                    hd[j].S = 0.0f;
-                    hd[j].VKQ = acc + j * DV;
-                    memset(hd[j].VKQ, 0, DV * sizeof(float));
-                }
-                tq_ggml_fa_rows_shared(k_dec, v_dec, k_head, k->nb[1], v_head, v->nb[1], hd, (int) g, DK, DV, mp, scale,
-                                       logit_softcap, ic_start, ic_end, tt);
-                for (int j = 0; j < g; ++j) {
-                    tq_ggml_fa_store(dst, sinks, ir + j * (int) neq1, iq1, iq2 + j, iq3, DV, ic_start, hd[j].M, hd[j].S,
-                                     hd[j].VKQ, partials, partial_stride);
-                }
-                continue;
+            const int group = shared && lead >= ir0 && lead + (g - 1) * neq1 < ir1;
+            if (group && lead != ir) continue; /* done with its group's first head */
+            const int n_h = group ? (int) g : 1;
+            float acc[TQ_FA_GQA_MAX * TQ_FA_GQA_DMAX];
+            tq_ggml_fa_head_t hd[TQ_FA_GQA_MAX];
+            for (int j = 0; j < n_h; ++j) {
+                const uint32_t hj = iq2 + j;
+                hd[j].q = (const float *) ((char *) q->data + (iq1 * q->nb[1] + hj * q->nb[2] + iq3 * q->nb[3]));
+                hd[j].ta = term.A ? term.A + ((iq3 * neq1 + iq1) * neq2 + hj) * DK : NULL;
+                hd[j].mp = mask ? (const ggml_fp16_t *) ((const char *) mp + (((iq2 + j) % mask->ne[2]) -
+                                                                          (iq2 % mask->ne[2])) * (int64_t) mask->nb[2])
+                                : NULL;
+                hd[j].slope = (max_bias > 0.0f) ? hj < n_head_log2 ? powf(m0, hj + 1) : powf(m1, 2 * (hj - n_head_log2) + 1) : 1.0f;
+                hd[j].M = -INFINITY;
+                hd[j].S = 0.0f;
+                hd[j].VKQ = acc + j * DV;
+                memset(hd[j].VKQ, 0, DV * sizeof(float));
             }
+            /* the tiles follow the mask row of the group's first head, in the group or not */
+            const ggml_fp16_t *runs = mask ? (const ggml_fp16_t *) ((const char *) mp + (((iq2 - iq2 % g) % mask->ne[2]) -
+                                                                                    (iq2 % mask->ne[2])) * (int64_t) mask->nb[2])
+                                           : NULL;
+            tq_ggml_fa_rows_shared(k_dec, v_dec, k_head, k->nb[1], v_head, v->nb[1], hd, n_h, DK, DV, runs, scale,
+                                   logit_softcap, ic_start, ic_end, tt);
+            for (int j = 0; j < n_h; ++j) {
+                tq_ggml_fa_store(dst, sinks, ir + j * (int) neq1, iq1, iq2 + j, iq3, DV, ic_start, hd[j].M, hd[j].S,
+                                 hd[j].VKQ, partials, partial_stride);
+            }
+            continue;
         }
 
         const float slope = (max_bias > 0.0f) ? h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2 * (h - n_head_log2) + 1) : 1.0f;

@@ -30,15 +30,7 @@ public:
             ggml_backend_tensor_set(map, buf.data(), 0, ggml_nbytes(map));
         }
         for (size_t i = 0; i < tab_ub.size(); ++i) {
-            std::vector<float> ub(tab_ub[i] ? ggml_nelements(tab_ub[i]) : 0), cells(tab_kv[i] ? ggml_nelements(tab_kv[i]) : 0);
-            kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i] ? ub.data() : nullptr, tab_kv[i] ? cells.data() : nullptr,
-                                   tab_kv[i] ? tab_kv[i]->ne[1] / kv_streams : 0, kv_streams);
-            if (tab_ub[i]) {
-                ggml_backend_tensor_set(tab_ub[i], ub.data(), 0, ggml_nbytes(tab_ub[i]));
-            }
-            if (tab_kv[i]) {
-                ggml_backend_tensor_set(tab_kv[i], cells.data(), 0, ggml_nbytes(tab_kv[i]));
-            }
+            kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i], tab_kv[i], kv_streams);
         }
     }
 

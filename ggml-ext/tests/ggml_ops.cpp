@@ -281,18 +281,23 @@ extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64
         fill(sinks, gaussian(n_head, 25, 2.0f));
     }
     const float scale = 1.0f / std::sqrt((float) D);
-    auto attn = [&](ggml_tensor * kk, ggml_tensor * vv) {
+    auto attn = [&](ggml_tensor * kk, ggml_tensor * vv, int threads = 2) {
         ggml_tensor * a = ggml_flash_attn_ext(c.ctx, q, kk, vv, mask, scale, max_bias, softcap);
         ggml_flash_attn_ext_set_prec(a, GGML_PREC_F32);
         if (sinks) ggml_flash_attn_ext_add_sinks(a, sinks);
-        compute(c.ctx, a);
+        compute(c.ctx, a, threads);
         return decode(a);
     };
     const int was_tile = tq_ggml_fa_tile();
     tq_ggml_set_fa_tile(2);
     // the 3 query heads of each K/V head share the tiles; where the type's fused tile kernels
     // sum in ggml_vec_dot_f32's order this is bit-identical to per-head tiles
-    const auto shared = attn(k, v);
+    // one thread takes every row in one chunk (each group shares its tiles); two threads cut
+    // the rows into chunks where most groups fall apart and their heads run alone. (One query
+    // takes the split-KV path, where the thread count sets how the keys are split, and every
+    // thread has all heads: two threads both times.)
+    const auto shared = attn(k, v, n_q > 1 ? 1 : 2);
+    const auto chunked = attn(k, v, 2);
     tq_ggml_set_fa_tile(1);
     const auto tiled = attn(k, v);  // every head decodes its own tiles
     tq_ggml_set_fa_tile(0);
@@ -300,6 +305,13 @@ extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64
     tq_ggml_set_fa_tile(was_tile);
     const auto ref = attn(as_ref(k), as_ref(v));
     const char * kn = ggml_type_name((ggml_type) k_type), * vn = ggml_type_name((ggml_type) v_type);
+    // batch invariance: a head's result is the same bits in a group, alone, or in any chunking
+    for (size_t i = 0; i < shared.size(); ++i) {
+        if (shared[i] != tiled[i] || chunked[i] != tiled[i]) {
+            return err.fail("FA tiles %s/%s D=%lld n_q=%lld: output %zu depends on grouping (shared %.9g, chunked %.9g, "
+                            "per head %.9g)", kn, vn, (long long) D, (long long) n_q, i, shared[i], chunked[i], tiled[i]);
+        }
+    }
     const struct { const char * name; const std::vector<float> & out; } paths[] = { { "shared", shared }, { "tiled", tiled } };
     for (const auto & p : paths) {
         double worst_on_off = 0, worst_ref = 0;

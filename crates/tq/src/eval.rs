@@ -489,8 +489,11 @@ fn eval_model(
             "on".into(),
             "-t".into(),
             o.threads.to_string(),
+            // one sequence per batch: the cache serves one sequence, as llama-cli and a
+            // one-slot server use it (and the K mean's default frame follows the sequence
+            // count, docs/RELIABILITY.md)
             "-b".into(),
-            (o.ctx * 4).to_string(),
+            o.ctx.to_string(),
             "-ctk".into(),
             p.k.name.into(),
             "-ctv".into(),
