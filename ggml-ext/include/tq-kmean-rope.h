@@ -184,6 +184,12 @@ static inline ggml_tensor * tq_rf_term_mask(ggml_context * ctx, ggml_tensor * ma
                                    mask->nb[3], 0);
     m->src[1] = ggml_is_contiguous(T) ? T : ggml_cont(ctx, T);
     m->src[2] = ggml_is_contiguous(A) ? A : ggml_cont(ctx, A);
+    // the graph allocator frees a tensor once its last consumer ran, and the consumer it sees
+    // here is this view, not the flash attention that reads T and A through it: without the
+    // output mark their memory could go to a later node before the kernel reads them (measured:
+    // a sequence's logits changed with what was batched with it). Outputs are never freed.
+    ggml_set_output(m->src[1]);
+    ggml_set_output(m->src[2]);
     m->op_params[TQ_FA_TERM_SLOT] = TQ_FA_TERM_MAGIC;
     return m;
 }
