@@ -290,8 +290,9 @@ typedef struct {
     float *VKQ;
 } tq_ggml_fa_head_t;
 
-/* Heads hd[0..g) over keys [ic0, ic1). The tiles are the runs of keys that head 0's mask row
-   mp does not exclude; a head with a mask row of its own (a per-head mask, as the K mean in
+/* Heads hd[0..g) over keys [ic0, ic1) (g = 1: a head alone, the same arithmetic bit for bit).
+   The tiles are the runs of keys that the mask row mp (the GQA group's first head's) does not
+   exclude; a head with a mask row of its own (a per-head mask, as the K mean in
    RoPE's frame adds: the same -INF cells, other finite values) reads its values from it, and
    a key it alone excludes weighs 0. Per head the arithmetic is tq_ggml_fa_row's with the
    decode done apart from the dot product and the accumulation. */
@@ -352,9 +353,10 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
    ggml_compute_forward_flash_attn_ext_f16_one_chunk (so only inside ggml-cpu, where
    ggml_compute_params, the CPU type traits and vec.h are known). For a turbo V it computes
    the chunk's rows [ir0, ir1) over keys [ic_start, ic_end) and returns 1; otherwise 0, and
-   upstream's loop runs. It is upstream's per-row loop with two changes: the keys go through
-   tq_ggml_fa_row in tiles when K is turbo too, and otherwise each V row is added with the
-   fused decode-and-add tq_ggml_mad_* instead of a decode into a buffer and a second pass.
+   upstream's loop runs. It is upstream's per-row loop with two changes: when K is turbo too
+   the keys go in decoded tiles (tq_ggml_fa_rows_shared; the fused tq_ggml_fa_row only for
+   heads above TQ_FA_GQA_DMAX), and otherwise each V row is added with the fused
+   decode-and-add tq_ggml_mad_* instead of a decode into a buffer and a second pass.
    Everything around the key loop (ALiBi slope, sinks, split-KV partials, the final
    normalisation and the permuted store) is upstream's, line for line. Not under use_ref
    (test-backend-ops' reference): that keeps upstream's own loop. */
