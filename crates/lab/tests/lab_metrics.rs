@@ -262,7 +262,7 @@ fn pool_trials(
     let pool = Pool {
         keys,
         keys_q: &keys_q,
-        k_mean: m,
+        k_mean: m.map(lab::KMean::Fixed),
         values,
         values_q: &values_q,
         dim: d,

@@ -409,58 +409,223 @@ pub fn kv_norms(o: Out) -> Result<(), String> {
 pub struct KMeanOpt {
     /// no K mean removal: turbo K caches store k itself (llama.cpp with --tq-k-mean off, and
     /// this lab before llama.cpp removed the K mean). Default, as llama.cpp does: a turbo K
-    /// cache stores k - m, m per layer and KV head = the mean of the first min(512, n)
-    /// captured keys (the first ubatch llama.cpp writes into an empty cache at its default
-    /// -ub 512; m = 0 when that is under 32 tokens); q8_0/q4_0/f16 K and all V are
-    /// unchanged. Softmax ignores the shift -q·m common to a query's logits, so exact
-    /// attention is unchanged; only the quantization error moves
+    /// cache takes a mean out of every key (see --k-mean-frame), fitted per layer and KV head
+    /// on the first min(512, n) captured keys (the first ubatch llama.cpp writes into an
+    /// empty cache at its default -ub 512; no mean when that is under 32 tokens); q8_0/q4_0/f16
+    /// K and all V are unchanged. Exact attention is unchanged (softmax ignores a shift
+    /// common to a query's logits; in RoPE's frame the term is added back per key); only the
+    /// quantization error moves
     #[arg(long)]
     pub no_k_mean: bool,
+    /// the K mean's frame. rope (default; llama.cpp's for a one-sequence cache,
+    /// tq-kmean-rope.h): mu = the mean of R_p^-1 k_p over those keys (p = token index), key p
+    /// stores k_p - R_p mu and its logit gets q·R_p mu back. fitted (llama.cpp with several
+    /// sequences, or TQ_K_MEAN_FRAME=fitted): one fixed m, their mean mapped by the RoPE fit
+    /// to the capture's positions (tq-kmean.h). A capture without RoPE frequencies, or with a
+    /// layer without full RoPE, cannot model rope: it falls back to fitted (or the plain
+    /// mean) and says so
+    #[arg(long, value_enum, default_value_t = KMeanFrame::Rope)]
+    pub k_mean_frame: KMeanFrame,
+}
+
+/// `--k-mean-frame`: which of llama.cpp's two K mean frames to model.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KMeanFrame {
+    Rope,
+    Fitted,
+}
+
+/// The K mean the lab applies to one capture, once the capture's RoPE info is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Frame {
+    /// --no-k-mean
+    Off,
+    /// the first-ubatch mean as it is (a capture without RoPE frequencies)
+    Plain,
+    /// tq-kmean.h's fitted mean
+    Fitted,
+    /// tq-kmean-rope.h's mean in RoPE's frame
+    Rope,
+}
+
+/// What `KMeanOpt` asked for and what this capture gets (`fallback`: why they differ).
+#[derive(Clone, Debug)]
+pub struct KMeanMode {
+    frame: Frame,
+    asked: Option<KMeanFrame>,
+    fallback: Option<String>,
 }
 
 impl KMeanOpt {
     pub fn on(&self) -> bool {
         !self.no_k_mean
     }
+
+    /// The mode for the capture of header `h`; a RoPE frame that cannot be modelled falls
+    /// back to the fixed mean, with a line on stderr (the JSON says it too).
+    pub fn mode(&self, h: &lab::CaptureHeader) -> KMeanMode {
+        let fixed = if h.rope.is_some() {
+            Frame::Fitted
+        } else {
+            Frame::Plain
+        };
+        let (frame, fallback) = match (self.on(), self.k_mean_frame) {
+            (false, _) => (Frame::Off, None),
+            (true, KMeanFrame::Fitted) => (fixed, None),
+            (true, KMeanFrame::Rope) => match rope_frame_missing(h) {
+                None => (Frame::Rope, None),
+                Some(why) => (fixed, Some(why)),
+            },
+        };
+        if let Some(why) = &fallback {
+            eprintln!(
+                "tq: the K mean in RoPE's frame is not modelled for this capture ({why}); using the {} mean instead",
+                if fixed == Frame::Fitted { "fitted" } else { "plain first-ubatch" }
+            );
+        }
+        KMeanMode {
+            frame,
+            asked: self.on().then_some(self.k_mean_frame),
+            fallback,
+        }
+    }
 }
 
-fn k_mean_json(on: bool, h: &lab::CaptureHeader) -> serde_json::Value {
+/// Layer `l`'s RoPE as recorded by `tq capture` (frequencies empty when it recorded none).
+fn rope_frame(h: &lab::CaptureHeader, l: usize) -> Option<lab::RopeFrame<'_>> {
+    h.rope.as_ref().map(|r| lab::RopeFrame {
+        w: r.freqs.get(l).map_or(&[][..], |f| &f[..]),
+        neox: r.neox,
+    })
+}
+
+/// Why the mean in RoPE's frame cannot be modelled on this capture, if it cannot: no RoPE
+/// info, or a layer without full RoPE (where llama.cpp too keeps the fitted mean).
+fn rope_frame_missing(h: &lab::CaptureHeader) -> Option<String> {
+    if h.rope.is_none() {
+        return Some(
+            "the capture has no RoPE frequencies: it predates their recording by tq capture; capture again"
+                .into(),
+        );
+    }
+    (0..h.n_layer).find_map(|l| {
+        let r = rope_frame(h, l)?;
+        (!r.full(h.head_k)).then(|| {
+            format!(
+                "layer {l} has {} RoPE frequencies recorded for {} channel pairs, where llama.cpp keeps the fitted mean too",
+                r.w.len(),
+                h.head_k / 2
+            )
+        })
+    })
+}
+
+fn k_mean_json(mode: &KMeanMode, h: &lab::CaptureHeader) -> serde_json::Value {
     let map = if h.rope.is_some() {
         "then mapped per RoPE pair by F = a_N conj(a_B) / max(|a_B|^2, |a_N| |a_B|) to a cache of n_tokens positions, as llama.cpp does (frequencies recorded by tq capture)"
     } else {
         "not mapped to later positions (this capture predates the recorded RoPE frequencies: llama.cpp's RoPE-fitted mean is not modelled; capture again)"
     };
+    let first = format!(
+        "the first min({}, n_tokens) captured keys (llama.cpp's first ubatch at its default -ub {}), none if that is under {} tokens",
+        lab::K_MEAN_TOKENS,
+        lab::K_MEAN_TOKENS,
+        lab::K_MEAN_MIN_TOKENS
+    );
+    let rule = match mode.frame {
+        Frame::Off => "none (--no-k-mean: turbo K caches store k, as llama.cpp with --tq-k-mean off)".to_string(),
+        Frame::Rope => format!("turbo K caches keep the mean in RoPE's frame (llama.cpp's default for one sequence, tq-kmean-rope.h): mu per layer and KV head = mean of R_p^-1 k_p over {first}, p = token index; key p stores k_p - R_p mu and attention adds q.R_p mu back, so k^_p = dequant(quant(k_p - R_p mu)) + R_p mu (the needle at the position of the key it replaces); q8_0/q4_0/f16 K and V unchanged"),
+        Frame::Fitted | Frame::Plain => format!("turbo K caches store k - m (llama.cpp's K mean removal, tq-kmean.h); m per layer and KV head = mean of {first}, {map}; q8_0/q4_0/f16 K and V unchanged"),
+    };
     serde_json::json!({
-        "removed": on,
-        "rule": if on {
-            format!("turbo K caches store k - m (llama.cpp's K mean removal, tq-kmean.h); m per layer and KV head = mean of the first min({}, n_tokens) captured keys (llama.cpp's first ubatch at its default -ub {}), 0 if that is under {} tokens, {map}; q8_0/q4_0/f16 K and V unchanged", lab::K_MEAN_TOKENS, lab::K_MEAN_TOKENS, lab::K_MEAN_MIN_TOKENS)
-        } else {
-            "none (--no-k-mean: turbo K caches store k, as llama.cpp with --tq-k-mean off)".to_string()
-        },
+        "removed": mode.frame != Frame::Off,
+        "frame": frame_name(mode.frame),
+        "frame_asked": mode.asked.map(|a| if a == KMeanFrame::Rope { "rope" } else { "fitted" }),
+        "fallback": mode.fallback,
+        "rule": rule,
     })
 }
 
-/// For titles and table captions.
-fn k_mean_words(on: bool) -> &'static str {
-    if on {
-        "turbo K mean removed"
-    } else {
-        "no K mean removal"
+fn frame_name(f: Frame) -> &'static str {
+    match f {
+        Frame::Off => "none",
+        Frame::Plain => "plain",
+        Frame::Fitted => "fitted",
+        Frame::Rope => "rope",
     }
 }
 
-/// The `[n_head_kv][head_k]` K mean of layer `l` when `on` (see `KMeanOpt`).
-fn layer_k_mean(c: &Capture, l: usize, on: bool) -> Option<Vec<f32>> {
-    let h = &c.header;
-    on.then(|| {
-        let mut m = lab::k_mean(&c.k[l], h.n_head_kv, h.head_k, lab::K_MEAN_TOKENS);
-        if let Some(r) = &h.rope {
-            // the cache holds every captured position, as a context of n_tokens would
-            let w = r.freqs.get(l).map_or(&[][..], |f| &f[..]);
-            lab::rope_fit_mean(&mut m, h.head_k, w, r.neox, lab::K_MEAN_TOKENS, h.n_tokens);
+/// For titles and table captions.
+fn k_mean_words(mode: &KMeanMode) -> &'static str {
+    match mode.frame {
+        Frame::Off => "no K mean removal",
+        Frame::Plain => "turbo K mean removed (plain first-ubatch mean)",
+        Frame::Fitted => "turbo K mean removed (fitted mean)",
+        Frame::Rope => "turbo K mean removed (RoPE frame)",
+    }
+}
+
+/// One layer's K mean, owned: `[n_head_kv][head_k]` values (`m`, or `mu` in RoPE's frame)
+/// and, in RoPE's frame, the layer's RoPE; `get` lends it as the lab's `KMean`.
+struct LayerMean<'c> {
+    m: Vec<f32>,
+    rope: Option<lab::RopeFrame<'c>>,
+}
+
+impl<'c> LayerMean<'c> {
+    fn get(&self) -> lab::KMean<'_> {
+        match self.rope {
+            Some(rope) => lab::KMean::Rope { mu: &self.m, rope },
+            None => lab::KMean::Fixed(&self.m),
         }
-        m
-    })
+    }
+
+    /// KV head `kh` alone (a needle pool is one head).
+    fn head(self, kh: usize, d: usize) -> LayerMean<'c> {
+        LayerMean {
+            m: self.m[kh * d..(kh + 1) * d].to_vec(),
+            rope: self.rope,
+        }
+    }
+
+    /// What the cache of type `cd` gives back for the layer's keys `rows` (positions from
+    /// 0); `lm` `None`: no mean removal.
+    fn roundtrip(
+        lm: &Option<Self>,
+        cd: Codec,
+        dim: usize,
+        rot_dim: usize,
+        rows: &[f32],
+    ) -> Vec<f32> {
+        match lm {
+            Some(m) => m.get().roundtrip(cd, dim, rot_dim, rows, 0),
+            None => lab::roundtrip_rows(cd, dim, rot_dim, rows),
+        }
+    }
+}
+
+/// Layer `l`'s K mean in `mode` (see `KMeanOpt`), `None` for no removal.
+fn layer_k_mean<'c>(c: &'c Capture, l: usize, mode: &KMeanMode) -> Option<LayerMean<'c>> {
+    let h = &c.header;
+    let (nh, d) = (h.n_head_kv, h.head_k);
+    match mode.frame {
+        Frame::Off => None,
+        Frame::Rope => {
+            let rope = rope_frame(h, l).expect("KMeanOpt::mode checked the RoPE info");
+            Some(LayerMean {
+                m: lab::unrope_mean(&c.k[l], nh, d, rope, lab::K_MEAN_TOKENS),
+                rope: Some(rope),
+            })
+        }
+        Frame::Plain | Frame::Fitted => {
+            let mut m = lab::k_mean(&c.k[l], nh, d, lab::K_MEAN_TOKENS);
+            if let Some(r) = rope_frame(h, l) {
+                // the cache holds every captured position, as a context of n_tokens would
+                lab::rope_fit_mean(&mut m, d, r.w, r.neox, lab::K_MEAN_TOKENS, h.n_tokens);
+            }
+            Some(LayerMean { m, rope: None })
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -534,7 +699,8 @@ pub struct DistRow {
     /// k against the reconstruction of k (the cache storing k: no mean removal)
     pub k: Dist,
     /// turbo types with K mean removal: k - m against dequant(quant(k - m)), what attention
-    /// sees up to the softmax-invariant shift
+    /// sees up to the softmax-invariant shift (in RoPE's frame m is R_p mu at key p, and
+    /// attention adds it back exactly)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub k_with_k_mean: Option<Dist>,
     /// no mean removal, measured on the same quantity: k - m against k̂ - m (k̂ the
@@ -573,25 +739,26 @@ fn mean_dist(ds: &[Dist]) -> Dist {
 pub fn distortion_rows(
     c: &Capture,
     codecs: &[Codec],
-    k_mean: bool,
+    k_mean: &KMeanMode,
 ) -> Result<Vec<DistRow>, String> {
     let h = &c.header;
     let (dk, dv) = (h.head_k, h.head_v);
     let (rk, rv) = rot_dims(c)?;
     let pb = progress(h.n_layer as u64, "layers");
     let per: Vec<Vec<LayerDist>> = per_layer(h.n_layer, &pb, |l| {
-        let m = layer_k_mean(c, l, k_mean);
-        let centred = m.as_deref().map(|m| lab::sub_mean(&c.k[l], m));
+        // what each key has taken off: m, or R_p mu in RoPE's frame (sub_mean takes both)
+        let removed = layer_k_mean(c, l, k_mean).map(|m| m.get().removed(dk, c.k[l].len(), 0));
+        let centred = removed.as_deref().map(|r| lab::sub_mean(&c.k[l], r));
         codecs
             .iter()
             .map(|&cd| {
                 let y = lab::roundtrip_rows(cd, dk, rk, &c.k[l]);
-                let (k_with, k_centred) = match (&m, &centred) {
-                    (Some(m), Some(kc)) => (
-                        // what llama.cpp stores: k - m, for the types that remove it
+                let (k_with, k_centred) = match (&removed, &centred) {
+                    (Some(r), Some(kc)) => (
+                        // what llama.cpp stores: k - m (k_p - R_p mu), for the types that remove it
                         cd.removes_k_mean()
                             .then(|| dist(kc, &lab::roundtrip_rows(cd, dk, rk, kc), dk)),
-                        Some(dist(kc, &lab::sub_mean(&y, m), dk)),
+                        Some(dist(kc, &lab::sub_mean(&y, r), dk)),
                     ),
                     _ => (None, None),
                 };
@@ -636,12 +803,13 @@ pub fn distortion_rows(
 pub fn distortion(o: DistortionOpts) -> Result<(), String> {
     let codecs = parse_codecs(&o.types)?;
     let c = load(&o.out)?;
-    let km = o.k_mean.on();
-    let rows = distortion_rows(&c, &codecs, km)?;
+    let mode = o.k_mean.mode(&c.header);
+    let km = mode.frame != Frame::Off;
+    let rows = distortion_rows(&c, &codecs, &mode)?;
     let json = serde_json::json!({
         "capture": o.out.capture, "model": c.header.model,
         "method": "each head vector through the cache type as llama.cpp applies it: turbo after the seeded rotation, q8_0/q4_0 (Rust re-implementation of ggml's quantize_row_q*_0_ref, fp16 scale) after upstream's plain Hadamard rotation; K rotation size = largest power of 2 dividing head_k, V: 64. Means over all tokens, heads and layers; cos_p1 = worst layer's 1st percentile. k: k vs its reconstruction, no mean removal; k_with_k_mean (turbo, K mean removal on): k - m vs dequant(quant(k - m)); k_centred_without_k_mean: k - m vs k^ - m, the cache storing k, i.e. the error of the no-removal cache in the quantity attention sees",
-        "k_mean": k_mean_json(km, &c.header),
+        "k_mean": k_mean_json(&mode, &c.header),
         "types": rows,
     });
     emit(&o.out, &json, || {
@@ -653,8 +821,9 @@ pub fn distortion(o: DistortionOpts) -> Result<(), String> {
         };
         if km {
             println!(
-                "K, no mean removal: k vs k̂. K-m, with K mean removal (turbo; what llama.cpp stores): k-m vs dequant(quant(k-m)), m = per (layer, KV head) mean of the first min({}, n) keys. K-m, no removal: k-m vs k̂-m (the same quantity, the cache storing k)",
-                lab::K_MEAN_TOKENS
+                "K, no mean removal: k vs k̂. K-m, with K mean removal (turbo; what llama.cpp stores): k-m vs dequant(quant(k-m)), m from the first min({}, n) keys per (layer, KV head), {} (in RoPE's frame m is R_p mu at key p). K-m, no removal: k-m vs k̂-m (the same quantity, the cache storing k)",
+                lab::K_MEAN_TOKENS,
+                k_mean_words(&mode)
             );
             println!("| type | bits/value | K rel MSE, no mean removal | K cos, no mean removal | K cos p1, no mean removal | K-m rel MSE, with K mean removal | K-m cos, with K mean removal | K-m cos p1, with K mean removal | K-m rel MSE, no removal | K-m cos, no removal | V rel MSE | V cos | V cos p1 | Lloyd-Max D (cos) | bound 4^-b (cos) |");
             println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
@@ -780,12 +949,17 @@ pub fn distortion(o: DistortionOpts) -> Result<(), String> {
 /// The attention-output cosine compares softmax(q·K̂/sqrt(d))·V̂ with the exact
 /// softmax(q·K/sqrt(d))·V.
 ///
-/// K mean removal (default; --no-k-mean turns it off), as llama.cpp's turbo K caches do:
-/// turbo types quantize k - m instead of k (the needle too), m = the mean of the first
-/// min(512, n) keys of the source's pool in token order (llama.cpp's first ubatch at its
-/// default -ub 512; 0 under 32 keys), so k̂ = dequant(quant(k - m)). Logits q·k̂ are then
-/// shifted by -q·m for every key of the query, which softmax and argmax ignore: k̂ is
-/// compared with exact attention over k. q8_0/q4_0 keys and all values are unchanged.
+/// K mean removal (default; --no-k-mean turns it off), as llama.cpp's turbo K caches do,
+/// from the first min(512, n) keys of the source's pool in token order (llama.cpp's first
+/// ubatch at its default -ub 512; none under 32 keys); pool key i is at position i.
+/// --k-mean-frame rope (default, llama.cpp's for one sequence): mu = the mean of
+/// R_i^-1 k_i over those keys, turbo types quantize k_i - R_i mu and get R_i mu back, so
+/// k̂_i = dequant(quant(k_i - R_i mu)) + R_i mu (the needle at the position of the key it
+/// replaces). --k-mean-frame fitted: turbo types quantize k - m (the needle too), m their
+/// mean mapped by the RoPE fit, k̂ = dequant(quant(k - m)), and the shift -q·m common to a
+/// query's logits is ignored by softmax and argmax. Either way k̂ is compared with exact
+/// attention over k. Synthetic pools have no positions: the plain mean. q8_0/q4_0 keys and
+/// all values are unchanged.
 #[derive(Args, Clone)]
 #[command(verbatim_doc_comment)]
 pub struct NiahOpts {
@@ -831,7 +1005,12 @@ struct Unit {
     real: Option<(usize, usize)>,
 }
 
-pub fn niah_cells(c: &Capture, o: &NiahOpts, codecs: &[Codec]) -> Result<Vec<NiahCell>, String> {
+pub fn niah_cells(
+    c: &Capture,
+    o: &NiahOpts,
+    codecs: &[Codec],
+    k_mean: &KMeanMode,
+) -> Result<Vec<NiahCell>, String> {
     let h = &c.header;
     let (rk, rv) = rot_dims(c)?;
     if !(o.needle_weight > 0.0 && o.needle_weight < 1.0) {
@@ -878,17 +1057,17 @@ pub fn niah_cells(c: &Capture, o: &NiahOpts, codecs: &[Codec]) -> Result<Vec<Nia
             }
         };
         let m = match unit.real {
-            Some((l, kh)) => layer_k_mean(c, l, o.k_mean.on())
-                .map(|m| m[kh * h.head_k..(kh + 1) * h.head_k].to_vec()),
+            Some((l, kh)) => layer_k_mean(c, l, k_mean).map(|m| m.head(kh, h.head_k)),
             // synthetic keys have no positions: the plain mean
-            None => o
-                .k_mean
-                .on()
-                .then(|| lab::k_mean(&unit.keys, 1, h.head_k, lab::K_MEAN_TOKENS)),
+            None => (k_mean.frame != Frame::Off).then(|| LayerMean {
+                m: lab::k_mean(&unit.keys, 1, h.head_k, lab::K_MEAN_TOKENS),
+                rope: None,
+            }),
         };
+        // per pool key (position i) its reconstruction, R_i mu included in RoPE's frame
         let keys_q: Vec<Vec<f32>> = codecs
             .iter()
-            .map(|&cd| lab::roundtrip_keys(cd, h.head_k, rk, &unit.keys, m.as_deref()))
+            .map(|&cd| LayerMean::roundtrip(&m, cd, h.head_k, rk, &unit.keys))
             .collect();
         let values_q: Vec<Vec<f32>> = codecs
             .iter()
@@ -899,7 +1078,7 @@ pub fn niah_cells(c: &Capture, o: &NiahOpts, codecs: &[Codec]) -> Result<Vec<Nia
             keys_q: &keys_q,
             values: &unit.values,
             values_q: &values_q,
-            k_mean: m.as_deref(),
+            k_mean: m.as_ref().map(LayerMean::get),
             dim: h.head_k,
             dim_v: h.head_v,
             rot_dim: rk,
@@ -965,11 +1144,12 @@ pub fn niah(o: NiahOpts) -> Result<(), String> {
         return Err("--lengths must be at least 2 and --trials positive".into());
     }
     let c = load(&o.out)?;
-    let cells = niah_cells(&c, &o, &codecs)?;
+    let mode = o.k_mean.mode(&c.header);
+    let cells = niah_cells(&c, &o, &codecs, &mode)?;
     let json = serde_json::json!({
         "capture": o.out.capture, "model": c.header.model,
-        "definition": "haystack of L keys drawn with replacement from a pool (real: all captured post-RoPE keys of one (layer, KV head); synthetic: N(0,I) keys), query real (same layer, a query head of that group, random token) or N(0,I); needle at a random position p: k_p + alpha q/|q|^2 with exact attention weight needle_weight; metric top1 = fraction of trials where argmax_j q.k^_j after quantizing keys is the exact argmax (= p for needle_weight >= 0.5) (rotation included); out_cos = mean cosine of softmax(qK^/sqrt(d))V^ vs exact; with K mean removal, turbo k^ = dequant(quant(k - m)), m = mean of the first min(512, n) pool keys (softmax-invariant shift)",
-        "k_mean": k_mean_json(o.k_mean.on(), &c.header),
+        "definition": "haystack of L keys drawn with replacement from a pool (real: all captured post-RoPE keys of one (layer, KV head); synthetic: N(0,I) keys), query real (same layer, a query head of that group, random token) or N(0,I); needle at a random position p: k_p + alpha q/|q|^2 with exact attention weight needle_weight; metric top1 = fraction of trials where argmax_j q.k^_j after quantizing keys is the exact argmax (= p for needle_weight >= 0.5) (rotation included); out_cos = mean cosine of softmax(qK^/sqrt(d))V^ vs exact; with K mean removal, see k_mean.rule (pool key i at position i)",
+        "k_mean": k_mean_json(&mode, &c.header),
         "needle_weight": o.needle_weight, "trials": o.trials, "synthetic_pool": o.synthetic_pool,
         "seed": o.seed, "cells": cells,
     });
@@ -977,7 +1157,7 @@ pub fn niah(o: NiahOpts) -> Result<(), String> {
         println!("{}", header_line(&c));
         println!(
             "needle proxy: top-1 unchanged after quantizing K (fraction of {} trials), needle weight {}; attention-output cosine in parentheses; {}",
-            o.trials, o.needle_weight, k_mean_words(o.k_mean.on())
+            o.trials, o.needle_weight, k_mean_words(&mode)
         );
         for src in ["real", "synthetic"] {
             print!("| {src} K | ");
@@ -1021,7 +1201,7 @@ pub fn niah(o: NiahOpts) -> Result<(), String> {
             &format!(
                 "{}: needle top-1 vs length, {} (bold: real K)",
                 stem(&c.header.model),
-                k_mean_words(o.k_mean.on())
+                k_mean_words(&mode)
             ),
             "log2 sequence length",
             "top-1 unchanged (fraction)",
@@ -1068,13 +1248,14 @@ pub struct PairRow {
 
 /// Attention-output cosine per layer for every (K type, V type): causal attention of the
 /// captured queries over all earlier captured keys/values. With `k_mean`, turbo K caches
-/// hold dequant(quant(k - m)) (see `KMeanOpt`), compared with exact attention over k.
+/// hold dequant(quant(k - m)), or dequant(quant(k_p - R_p mu)) + R_p mu in RoPE's frame (see
+/// `KMeanOpt`), compared with exact attention over k.
 pub fn pair_rows(
     c: &Capture,
     codecs: &[Codec],
     queries: usize,
     target: f64,
-    k_mean: bool,
+    k_mean: &KMeanMode,
 ) -> Result<Vec<PairRow>, String> {
     let h = &c.header;
     let (rk, rv) = rot_dims(c)?;
@@ -1090,7 +1271,7 @@ pub fn pair_rows(
         let m = layer_k_mean(c, l, k_mean);
         let kq: Vec<Vec<f32>> = codecs
             .iter()
-            .map(|&cd| lab::roundtrip_keys(cd, h.head_k, rk, &c.k[l], m.as_deref()))
+            .map(|&cd| LayerMean::roundtrip(&m, cd, h.head_k, rk, &c.k[l]))
             .collect();
         let vq: Vec<Vec<f32>> = codecs
             .iter()
@@ -1173,7 +1354,8 @@ pub fn recommend(o: RecommendOpts) -> Result<(), String> {
     if c.header.n_tokens < 4 {
         return Err("the capture needs at least 4 tokens".into());
     }
-    let rows = pair_rows(&c, &codecs, o.queries, o.target, o.k_mean.on())?;
+    let mode = o.k_mean.mode(&c.header);
+    let rows = pair_rows(&c, &codecs, o.queries, o.target, &mode)?;
     let norms = norm_rows(&c);
     let best = rows.iter().find(|r| r.meets_target);
     let best_sym = rows.iter().find(|r| r.meets_target && r.ctk == r.ctv);
@@ -1186,7 +1368,7 @@ pub fn recommend(o: RecommendOpts) -> Result<(), String> {
     let json = serde_json::json!({
         "capture": o.out.capture, "model": c.header.model, "target": o.target,
         "criterion": "every layer's mean attention-output cosine (softmax(qK^/sqrt(d))V^ vs exact, causal, captured queries at positions in the second half) >= target; least bits per value wins, ties to higher quality",
-        "k_mean": k_mean_json(o.k_mean.on(), &c.header),
+        "k_mean": k_mean_json(&mode, &c.header),
         "kv_norm_ratio": {"median": ratio_med, "max": ratio_max},
         "recommended": best.map(|r| serde_json::json!({"ctk": r.ctk, "ctv": r.ctv, "flags": flags(r), "bits_per_value": r.bits_per_value})),
         "recommended_symmetric": best_sym.map(|r| serde_json::json!({"ctk": r.ctk, "ctv": r.ctv, "flags": flags(r), "bits_per_value": r.bits_per_value})),
@@ -1196,7 +1378,7 @@ pub fn recommend(o: RecommendOpts) -> Result<(), String> {
         println!("{}", header_line(&c));
         println!(
             "K/V norm ratio per layer: median {ratio_med:.1}, max {ratio_max:.1}; attention-output cosine per (K, V) cache pair, {} queries x {} heads per layer; {}",
-            o.queries.min(c.header.n_tokens / 2), c.header.n_head, k_mean_words(o.k_mean.on())
+            o.queries.min(c.header.n_tokens / 2), c.header.n_head, k_mean_words(&mode)
         );
         println!(
             "| -ctk | -ctv | bits/value | out cos mean | worst layer (cos) | target {} |",
@@ -1262,7 +1444,7 @@ pub fn recommend(o: RecommendOpts) -> Result<(), String> {
             &format!(
                 "{}: worst-layer attention error by pair, {}",
                 stem(&c.header.model),
-                k_mean_words(o.k_mean.on())
+                k_mean_words(&mode)
             ),
             "average bits per value (K and V)",
             "1 - attention-output cosine, worst layer (log)",
