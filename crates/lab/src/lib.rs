@@ -630,7 +630,7 @@ pub fn roundtrip_keys(
 }
 
 // ---------------------------------------------------------------------------------------
-// K mean in RoPE's frame (llama.cpp's default for a one-sequence cache,
+// K mean in RoPE's frame (llama.cpp's default with the model on the CPU,
 // ggml-ext/include/tq-kmean-rope.h)
 
 /// Channels `(a, b)` of RoPE pair `i` in a head of `dim` values: `(i, i + dim/2)` for NEOX,

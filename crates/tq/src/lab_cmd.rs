@@ -417,11 +417,11 @@ pub struct KMeanOpt {
     /// quantization error moves
     #[arg(long)]
     pub no_k_mean: bool,
-    /// the K mean's frame. rope (default; llama.cpp's for a one-sequence cache,
+    /// the K mean's frame. rope (default; llama.cpp's where the model runs on the CPU,
     /// tq-kmean-rope.h): mu = the mean of R_p^-1 k_p over those keys (p = token index), key p
-    /// stores k_p - R_p mu and its logit gets q·R_p mu back. fitted (llama.cpp with several
-    /// sequences, or TQ_K_MEAN_FRAME=fitted): one fixed m, their mean mapped by the RoPE fit
-    /// to the capture's positions (tq-kmean.h). A capture without RoPE frequencies, or with a
+    /// stores k_p - R_p mu and its logit gets q·R_p mu back. fitted (llama.cpp with the model
+    /// on a GPU or RPC device, or TQ_K_MEAN_FRAME=fitted): one fixed m, their mean mapped by
+    /// the RoPE fit to the capture's positions (tq-kmean.h). A capture without RoPE frequencies, or with a
     /// layer without full RoPE, cannot model rope: it falls back to fitted (or the plain
     /// mean) and says so
     #[arg(long, value_enum, default_value_t = KMeanFrame::Rope)]
@@ -534,7 +534,7 @@ fn k_mean_json(mode: &KMeanMode, h: &lab::CaptureHeader) -> serde_json::Value {
     );
     let rule = match mode.frame {
         Frame::Off => "none (--no-k-mean: turbo K caches store k, as llama.cpp with --tq-k-mean off)".to_string(),
-        Frame::Rope => format!("turbo K caches keep the mean in RoPE's frame (llama.cpp's default for one sequence, tq-kmean-rope.h): mu per layer and KV head = mean of R_p^-1 k_p over {first}, p = token index; key p stores k_p - R_p mu and attention adds q.R_p mu back, so k^_p = dequant(quant(k_p - R_p mu)) + R_p mu (the needle at the position of the key it replaces); q8_0/q4_0/f16 K and V unchanged"),
+        Frame::Rope => format!("turbo K caches keep the mean in RoPE's frame (llama.cpp's default with the model on the CPU, tq-kmean-rope.h; the capture is one sequence): mu per layer and KV head = mean of R_p^-1 k_p over {first}, p = token index; key p stores k_p - R_p mu and attention adds q.R_p mu back, so k^_p = dequant(quant(k_p - R_p mu)) + R_p mu (the needle at the position of the key it replaces); q8_0/q4_0/f16 K and V unchanged"),
         Frame::Fitted | Frame::Plain => format!("turbo K caches store k - m (llama.cpp's K mean removal, tq-kmean.h); m per layer and KV head = mean of {first}, {map}; q8_0/q4_0/f16 K and V unchanged"),
     };
     serde_json::json!({
@@ -952,7 +952,7 @@ pub fn distortion(o: DistortionOpts) -> Result<(), String> {
 /// K mean removal (default; --no-k-mean turns it off), as llama.cpp's turbo K caches do,
 /// from the first min(512, n) keys of the source's pool in token order (llama.cpp's first
 /// ubatch at its default -ub 512; none under 32 keys); pool key i is at position i.
-/// --k-mean-frame rope (default, llama.cpp's for one sequence): mu = the mean of
+/// --k-mean-frame rope (default, llama.cpp's on the CPU): mu = the mean of
 /// R_i^-1 k_i over those keys, turbo types quantize k_i - R_i mu and get R_i mu back, so
 /// k̂_i = dequant(quant(k_i - R_i mu)) + R_i mu (the needle at the position of the key it
 /// replaces). --k-mean-frame fitted: turbo types quantize k - m (the needle too), m their
