@@ -17,6 +17,14 @@
  * token t of stream s, head h), and this mark in its last op_params slot. Only the CPU turbo
  * kernels read it, so llama attaches it only where they run (K and V turbo, flash attention
  * on, a CPU-only model); everywhere else the per-head mask does the same job.
+ *
+ * Two more sources let a tile skip T's rows (hd floats per key, more bytes than a turbo key
+ * and value together): src[3] = P, i32 [n_kv * ns], each cell's position, and src[4] = U,
+ * f32 [hd, TQ_FA_TERM_STEPS], the table's columns for positions 0, 1, ... By angle addition
+ * a key at p0 + j has T_(p0+j) . A = U_j . A', A' = A turned by the first key's position
+ * (a_i' = a_i c_i + b_i s_i, b_i' = b_i c_i - a_i s_i with c, s from T_p0), so a tile whose
+ * cells hold consecutive positions (one sequence's cells, the usual case) reads T once and
+ * the small U, which stays in L1. Other tiles read T's rows.
  */
 #ifndef TQ_FA_TERM_H
 #define TQ_FA_TERM_H
@@ -25,6 +33,8 @@
 
 #define TQ_FA_TERM_MAGIC 0x54525154 /* "TQRT" */
 #define TQ_FA_TERM_SLOT (GGML_MAX_OP_PARAMS / sizeof(int32_t) - 1)
+/* U's columns: positions 0 .. TQ_FA_TERM_STEPS - 1 after a tile's first key (at least a tile) */
+#define TQ_FA_TERM_STEPS 32
 
 /* The term's tables of an FA mask: marked 0 when it carries none; marked 1 and T = NULL when
    it is marked but its tables do not have the layout above (a bug on the llama side, which
@@ -33,17 +43,29 @@ typedef struct {
     int marked;
     const float *T; /* row j: hd floats for cell j */
     const float *A; /* row (token * n_head + head): hd floats */
+    const int32_t *P; /* cell j's position, or NULL (then every tile reads T's rows) */
+    const float *U;   /* row r: hd floats for position r; NULL with P */
     int64_t hd, n_cells, n_head, n_tokens;
 } tq_fa_term_t;
 
 static inline tq_fa_term_t tq_fa_term_of(const struct ggml_tensor *mask) {
-    tq_fa_term_t t = { 0, NULL, NULL, 0, 0, 0, 0 };
+    tq_fa_term_t t = { 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0 };
     if (!mask || mask->op != GGML_OP_VIEW || mask->op_params[TQ_FA_TERM_SLOT] != TQ_FA_TERM_MAGIC) return t;
     t.marked = 1;
     const struct ggml_tensor *T = mask->src[1], *A = mask->src[2];
     if (!T || !A || T->type != GGML_TYPE_F32 || A->type != GGML_TYPE_F32 || !ggml_is_contiguous(T) ||
         !ggml_is_contiguous(A) || T->ne[0] != A->ne[0] || T->ne[2] != 1 || A->ne[3] != 1) {
         return t;
+    }
+    const struct ggml_tensor *P = mask->src[3], *U = mask->src[4];
+    if (P || U) {
+        if (!P || !U || P->type != GGML_TYPE_I32 || U->type != GGML_TYPE_F32 || !ggml_is_contiguous(P) ||
+            !ggml_is_contiguous(U) || ggml_nelements(P) != T->ne[1] || U->ne[0] != T->ne[0] ||
+            U->ne[1] != TQ_FA_TERM_STEPS || U->ne[2] != 1 || U->ne[3] != 1) {
+            return t;
+        }
+        t.P = (const int32_t *) P->data;
+        t.U = (const float *) U->data;
     }
     t.T = (const float *) T->data;
     t.A = (const float *) A->data;
@@ -52,6 +74,34 @@ static inline tq_fa_term_t tq_fa_term_of(const struct ggml_tensor *mask) {
     t.n_head = A->ne[1];
     t.n_tokens = A->ne[2];
     return t;
+}
+
+/* One K stream's view of the term: its cells' rows of T and P (P, U NULL: T's rows only). */
+typedef struct {
+    const float *T;
+    const int32_t *P;
+    const float *U;
+} tq_fa_term_cells_t;
+
+/* Whether cells [start, start + n) hold consecutive positions, so that U can stand in for
+   their rows of T (not for one key: that reads its row of T either way). */
+static inline int tq_fa_term_steps(const tq_fa_term_cells_t *tc, int64_t start, int n) {
+    if (!tc->U || n < 2 || n > TQ_FA_TERM_STEPS) return 0;
+    const int32_t p0 = tc->P[start];
+    for (int j = 1; j < n; ++j) {
+        if (tc->P[start + j] != p0 + j) return 0;
+    }
+    return 1;
+}
+
+/* a' = a turned by the position of table row t0 (hd floats each; see above). */
+static inline void tq_fa_term_turn(const float *t0, const float *a, int64_t hd, float *ap) {
+    const int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; ++i) {
+        const float c = t0[i], s = t0[half + i];
+        ap[i] = a[i] * c + a[half + i] * s;
+        ap[half + i] = a[half + i] * c - a[i] * s;
+    }
 }
 
 #endif /* TQ_FA_TERM_H */

@@ -37,6 +37,9 @@
 
 /* Keys per tile: scores, weights and mask values of one tile live on the stack. */
 #define TQ_FA_TILE 32
+#if TQ_FA_TILE > TQ_FA_TERM_STEPS
+#error "a tile's per-key term steps past U's columns (tq-fa-term.h)"
+#endif
 
 #ifdef GGML_CPU_FP16_TO_FP32
 #define TQ_FA_FP16_TO_FP32(x) GGML_CPU_FP16_TO_FP32(x)
@@ -158,11 +161,12 @@ static inline void tq_ggml_fa_tile_dots(const float *kf, int n, int64_t DK, cons
     }
 }
 
-/* s[i] += the per-key term T_(start+i) . a of the tile's n keys (tq-fa-term.h); a NULL: none. */
-static inline void tq_ggml_fa_add_term(const float *T, int64_t start, int n, int64_t DK, const float *a, float *s) {
+/* s[i] += the per-key term t_i . a of the tile's n keys (t: their table rows, tq-fa-term.h);
+   a NULL: none. */
+static inline void tq_ggml_fa_add_term(const float *t_rows, int n, int64_t DK, const float *a, float *s) {
     if (!a) return;
     float t[TQ_FA_TILE];
-    tq_ggml_fa_tile_dots(T + start * DK, n, DK, a, t);
+    tq_ggml_fa_tile_dots(t_rows, n, DK, a, t);
     for (int i = 0; i < n; ++i) s[i] += t[i];
 }
 
@@ -177,7 +181,7 @@ static inline void tq_ggml_fa_tile_dots2(const float *kf, const float *t, int n,
 #endif
     if (i < n) {
         tq_ggml_fa_tile_dots(kf + (int64_t) i * DK, n - i, DK, q, s + i);
-        tq_ggml_fa_add_term(t + (int64_t) i * DK, 0, n - i, DK, a, s + i);
+        tq_ggml_fa_add_term(t + (int64_t) i * DK, n - i, DK, a, s + i);
     }
 }
 
@@ -215,7 +219,7 @@ static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t 
     while ((n = tq_ggml_fa_next_run(mp, slope, &ic, ic1, &start, mv)) > 0) {
 
         fa->dot(k + start * nbk1, nbk1, n, q, DK, s);
-        tq_ggml_fa_add_term(tt, start, n, DK, ta, s);
+        tq_ggml_fa_add_term(ta ? tt + start * DK : NULL, n, DK, ta, s);
         float tile_max = -INFINITY;
         for (int i = 0; i < n; ++i) {
             float x = s[i] * scale;
@@ -295,11 +299,13 @@ typedef struct {
    exclude; a head with a mask row of its own (a per-head mask, as the K mean in
    RoPE's frame adds: the same -INF cells, other finite values) reads its values from it, and
    a key it alone excludes weighs 0. Per head the arithmetic is tq_ggml_fa_row's with the
-   decode done apart from the dot product and the accumulation. */
+   decode done apart from the dot product and the accumulation. tc: the per-key term's cells
+   (NULL: no term); a tile of consecutive positions takes its rows from U (tq-fa-term.h), the
+   same choice for a head alone and in its group. */
 static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t v_dec, const char *k, size_t nbk1,
                                           const char *v, size_t nbv1, tq_ggml_fa_head_t *hd, int g, int64_t DK,
                                           int64_t DV, const ggml_fp16_t *mp, float scale, float softcap, int64_t ic0,
-                                          int64_t ic1, const float *tt) {
+                                          int64_t ic1, const tq_fa_term_cells_t *tc) {
     float kf[TQ_FA_TILE * TQ_FA_GQA_DMAX], vf[TQ_FA_TILE * TQ_FA_GQA_DMAX];
     float s[TQ_FA_TILE], mv[TQ_FA_TILE], mh[TQ_FA_TILE];
     int64_t ic = ic0, start;
@@ -309,6 +315,8 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
             k_dec(k + (start + i) * nbk1, kf + i * DK, DK);
             v_dec(v + (start + i) * nbv1, vf + i * DV, DV);
         }
+        const int steps = tc && tq_fa_term_steps(tc, start, n);
+        const float *t_rows = tc ? (steps ? tc->U : tc->T + start * DK) : NULL;
         for (int h = 0; h < g; ++h) {
             tq_ggml_fa_head_t *H = &hd[h];
             const float *m = mv;
@@ -317,7 +325,13 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
                 m = mh;
             }
             float tile_max = -INFINITY;
-            tq_ggml_fa_tile_dots2(kf, H->ta ? tt + start * DK : NULL, n, DK, H->q, H->ta, s);
+            const float *a = H->ta;
+            float a_turned[TQ_FA_GQA_DMAX];
+            if (a && steps) {
+                tq_fa_term_turn(tc->T + start * DK, a, DK, a_turned);
+                a = a_turned;
+            }
+            tq_ggml_fa_tile_dots2(kf, a ? t_rows : NULL, n, DK, H->q, a, s);
             for (int i = 0; i < n; ++i) {
                 float x = s[i] * scale;
                 if (softcap != 0.0f) x = softcap * tanhf(x);
@@ -452,6 +466,7 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         const char *v_head = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
         /* the per-key term's rows for this K stream's cells, and this query's coefficients */
         const float *tt = term.T ? term.T + (int64_t) ik3 * k->ne[1] * DK : NULL;
+        const tq_fa_term_cells_t tc = { tt, term.P ? term.P + (int64_t) ik3 * k->ne[1] : NULL, term.U };
 
         if (decoded) {
             const int64_t lead = ir - (int64_t) (iq2 % g) * neq1;
@@ -478,7 +493,7 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
                                                                                     (iq2 % mask->ne[2])) * (int64_t) mask->nb[2])
                                            : NULL;
             tq_ggml_fa_rows_shared(k_dec, v_dec, k_head, k->nb[1], v_head, v->nb[1], hd, n_h, DK, DV, runs, scale,
-                                   logit_softcap, ic_start, ic_end, tt);
+                                   logit_softcap, ic_start, ic_end, tt ? &tc : NULL);
             for (int j = 0; j < n_h; ++j) {
                 tq_ggml_fa_store(dst, sinks, ir + j * (int) neq1, iq1, iq2 + j, iq3, DV, ic_start, hd[j].M, hd[j].S,
                                  hd[j].VKQ, partials, partial_stride);

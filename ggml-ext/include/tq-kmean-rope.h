@@ -158,6 +158,65 @@ static inline ggml_tensor * tq_rf_coeffs(ggml_context * ctx, ggml_tensor * q, gg
                           neox ? (void *) 1 : nullptr);
 }
 
+/* A KEEP ubatch's whole K side in one op: from q [hd, nq, nt] and k [hd, nkv, nt] (roped,
+   channel frame), the stored k_mean [mu' | s - 1] (tq-kmean.h's layout; s - 1 only with
+   balancing) and the ubatch's table T [hd, nt], one f32 buffer holding, each contiguous,
+   k' = s k - R_p mu' [hd, nkv, nt], then q' = q / s [hd, nq, nt], then the coefficients
+   A of q' against mu' [hd, nq, nt] (tq_rf_coeffs_op's). As separate nodes these were six
+   per layer (s, q / s, s k, A, R_p mu', the subtraction), each a thread barrier on a
+   decode step; the arithmetic per value is theirs. Work is split by (token, KV head). */
+static inline void tq_rf_keep_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const bool neox = ((uintptr_t) userdata & 1) != 0, bal = ((uintptr_t) userdata & 2) != 0;
+    const ggml_tensor * q = dst->src[0], * k = dst->src[1], * km = dst->src[2], * T = dst->src[3];
+    const int64_t hd = k->ne[0], half = hd / 2, nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1], g = nq / nkv;
+    float * kd = (float *) dst->data, * qd = kd + hd * nkv * nt, * ad = qd + hd * nq * nt;
+    const float * mu = (const float *) km->data, * sm1 = bal ? mu + hd * nkv : nullptr;
+    for (int64_t r = ith; r < nkv * nt; r += nth) {
+        const int64_t h = r % nkv, t = r / nkv;
+        const float * m = mu + h * hd, * d = sm1 ? sm1 + h * hd : nullptr;
+        const float * tc = (const float *) ((const char *) T->data + t * T->nb[1]);
+        const float * kx = (const float *) ((const char *) k->data + h * k->nb[1] + t * k->nb[2]);
+        float * ko = kd + (t * nkv + h) * hd;
+        for (int64_t i = 0; i < half; ++i) {
+            const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
+            const float c = tc[i], sn = tc[half + i];
+            const float ra = c * m[ca] - sn * m[cb], rb = sn * m[ca] + c * m[cb];
+            ko[ca] = (d ? kx[ca] * (1.0f + d[ca]) : kx[ca]) - ra;
+            ko[cb] = (d ? kx[cb] * (1.0f + d[cb]) : kx[cb]) - rb;
+        }
+        for (int64_t j = h * g; j < (h + 1) * g; ++j) {
+            const float * qx = (const float *) ((const char *) q->data + j * q->nb[1] + t * q->nb[2]);
+            float * qo = qd + (t * nq + j) * hd, * ao = ad + (t * nq + j) * hd;
+            for (int64_t c = 0; c < hd; ++c) qo[c] = d ? qx[c] / (1.0f + d[c]) : qx[c];
+            for (int64_t i = 0; i < half; ++i) {
+                const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
+                ao[i] = qo[ca] * m[ca] + qo[cb] * m[cb];
+                ao[half + i] = qo[cb] * m[ca] - qo[ca] * m[cb];
+            }
+        }
+    }
+}
+
+/* tq_rf_keep_op as a node: returns k', sets *q_cur to q' and *coeffs to A (views of one
+   output, each contiguous). */
+static inline ggml_tensor * tq_rf_keep(ggml_context * ctx, ggml_tensor ** q_cur, ggml_tensor * k, ggml_tensor * k_mean,
+                                       ggml_tensor * T, bool bal, bool neox, ggml_tensor ** coeffs) {
+    ggml_tensor * q = *q_cur;
+    const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1];
+    GGML_ASSERT(q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F32 && k_mean->type == GGML_TYPE_F32 &&
+                T->type == GGML_TYPE_F32 && q->ne[0] == hd && q->ne[2] == nt && nq % nkv == 0 && hd % 2 == 0 &&
+                T->ne[0] == hd && T->ne[1] == nt && q->nb[0] == sizeof(float) && k->nb[0] == sizeof(float) &&
+                T->nb[0] == sizeof(float) && ggml_is_contiguous(k_mean) && q->ne[3] == 1 && k->ne[3] == 1);
+    ggml_tensor * args[4] = { q, k, k_mean, T };
+    const uintptr_t flags = (neox ? 1u : 0u) | (bal ? 2u : 0u);
+    ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, hd * (nkv + 2 * nq) * nt, 1, 1, 1, args, 4, tq_rf_keep_op,
+                                       GGML_N_TASKS_MAX, (void *) flags);
+    const size_t f = sizeof(float);
+    *q_cur = ggml_view_3d(ctx, out, hd, nq, nt, hd * f, hd * nq * f, (size_t) hd * nkv * nt * f);
+    *coeffs = ggml_view_3d(ctx, out, hd, nq, nt, hd * f, hd * nq * f, (size_t) hd * (nkv + nq) * nt * f);
+    return ggml_view_3d(ctx, out, hd, nkv, nt, hd * f, hd * nkv * f, 0);
+}
+
 /* Decode: the mask [n_kv, nt, 1, ns] plus kq_scale * q.R_p mu' per head, from the coefficients
    A [hd, nq, nt ns] and the cells' table T [hd, n_kv ns]: [n_kv, nt, nq, ns] in the mask's type. */
 static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T,
@@ -175,21 +234,29 @@ static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, g
 }
 
 /* Decode where CPU flash attention runs over turbo K and V: the mask as a marked view that
-   carries T [hd, n_kv] and A [hd, nq, nt] to the kernel, which adds A.T to each key's score
-   (tq-fa-term.h). Exact as tq_rf_mask, and inside the softcap where there is one. */
-static inline ggml_tensor * tq_rf_term_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T) {
+   carries T [hd, n_kv], A [hd, nq, nt], the cells' positions P and T's first columns U to the
+   kernel, which adds A.T to each key's score (tq-fa-term.h). Exact as tq_rf_mask, and inside
+   the softcap where there is one. */
+static inline ggml_tensor * tq_rf_term_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T,
+                                            ggml_tensor * P, ggml_tensor * U) {
     GGML_ASSERT(A->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && A->ne[0] == T->ne[0]);
+    GGML_ASSERT(P->type == GGML_TYPE_I32 && P->ne[0] == T->ne[1] && U->type == GGML_TYPE_F32 && U->ne[0] == T->ne[0] &&
+                U->ne[1] == TQ_FA_TERM_STEPS);
     GGML_ASSERT(mask->ne[0] * mask->ne[3] == T->ne[1] && mask->ne[1] * mask->ne[3] == A->ne[2] && mask->ne[2] == 1);
     ggml_tensor * m = ggml_view_4d(ctx, mask, mask->ne[0], mask->ne[1], mask->ne[2], mask->ne[3], mask->nb[1], mask->nb[2],
                                    mask->nb[3], 0);
     m->src[1] = ggml_is_contiguous(T) ? T : ggml_cont(ctx, T);
     m->src[2] = ggml_is_contiguous(A) ? A : ggml_cont(ctx, A);
+    m->src[3] = P;
+    m->src[4] = U;
     // the graph allocator frees a tensor once its last consumer ran, and the consumer it sees
     // here is this view, not the flash attention that reads T and A through it: without the
     // output mark their memory could go to a later node before the kernel reads them (measured:
     // a sequence's logits changed with what was batched with it). Outputs are never freed.
     ggml_set_output(m->src[1]);
     ggml_set_output(m->src[2]);
+    ggml_set_output(P);
+    ggml_set_output(U);
     m->op_params[TQ_FA_TERM_SLOT] = TQ_FA_TERM_MAGIC;
     return m;
 }

@@ -249,6 +249,10 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
     }
     ggml_tensor * q = *q_cur;
     GGML_ASSERT(q->ne[0] == hd && q->ne[1] % nkv == 0 && q->ne[2] == nt && hd % 2 == 0);
+    if (rf && mode == TQ_KMEAN_KEEP) {
+        // every decode step: the fused op (the same values as the nodes below)
+        return tq_rf_keep(ctx, q_cur, k_cur, k_mean, tab, bal, neox, coeffs);
+    }
     if (!ggml_is_contiguous(q)) {
         q = ggml_cont(ctx, q);
     }

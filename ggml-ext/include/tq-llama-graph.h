@@ -30,7 +30,8 @@ public:
             ggml_backend_tensor_set(map, buf.data(), 0, ggml_nbytes(map));
         }
         for (size_t i = 0; i < tab_ub.size(); ++i) {
-            kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i], tab_kv[i], kv_streams);
+            kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i], tab_kv[i], kv_streams, i < pos_kv.size() ? pos_kv[i] : nullptr,
+                                   i < steps.size() ? steps[i] : nullptr);
         }
     }
 
@@ -46,8 +47,10 @@ public:
 
     // the mean in RoPE's frame (tq-kmean-rope.h), per set of RoPE frequencies: the position
     // tables of the ubatch's tokens [hd, n_tokens] and of the cells in view [hd, n_kv * the
-    // view's streams]; per layer, the per-key term's coefficients from tq_kmean_apply
-    std::vector<ggml_tensor *> tab_ub, tab_kv;
+    // view's streams]; for the flash-attention tiles the cells' positions [n_kv * streams] and
+    // the table's first TQ_FA_TERM_STEPS columns (tq-fa-term.h); per layer, the per-key term's
+    // coefficients from tq_kmean_apply
+    std::vector<ggml_tensor *> tab_ub, tab_kv, pos_kv, steps;
     int64_t kv_streams = 1;
     std::vector<ggml_tensor *> coeffs;
 };
@@ -166,7 +169,19 @@ static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, 
         ggml_tensor * mu = tq_kmean_view(ctx, k_mean, hd, (*k)->ne[1]);
         *k = tq_rf_keys(ctx, *k, mu, tab, rot, rope_type != LLAMA_ROPE_TYPE_NORM, llama_mul_mat_hadamard);
     } else if (flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type)) {
-        *kq_mask = tq_rf_term_mask(ctx, *kq_mask, A, tab);
+        if (in->pos_kv.size() <= (size_t) set) {
+            in->pos_kv.resize(set + 1, nullptr);
+            in->steps.resize(set + 1, nullptr);
+        }
+        if (!in->pos_kv[set]) {
+            in->pos_kv[set] = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, tab->ne[1]);
+            in->steps[set] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, tab->ne[0], TQ_FA_TERM_STEPS);
+            ggml_set_input(in->pos_kv[set]);
+            ggml_set_input(in->steps[set]);
+            ggml_format_name(in->pos_kv[set], "tq_kmean_rope_pos_%d", set);
+            ggml_format_name(in->steps[set], "tq_kmean_rope_steps_%d", set);
+        }
+        *kq_mask = tq_rf_term_mask(ctx, *kq_mask, A, tab, in->pos_kv[set], in->steps[set]);
     } else {
         *kq_mask = tq_rf_mask(ctx, *kq_mask, A, tab, kq_scale);
     }

@@ -706,10 +706,11 @@ extern "C" size_t tq_ggml_row_size(int t, int64_t n) {
 
 // (3) of tq_test_kmean_rope: turbo4 K (the stored keys ko) and V through flash attention with
 // the term carried on the mask, against f32 K = decoded + R_p mu' (mu' from kmd) with the
-// plain mask. Inputs as the test has them: ko [hd, nkv, nt], qo and A [hd, nq, nt].
+// plain mask. Inputs as the test has them: ko [hd, nkv, nt], qo and A [hd, nq, nt], the cells'
+// positions pos and the RoPE frequencies w (for P and U, tq-fa-term.h).
 static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const float * qo, const float * A,
                          ggml_tensor * tab, const float * kmd, int64_t hd, int64_t nkv, int64_t nq, int64_t nt,
-                         float kq_scale) {
+                         float kq_scale, const std::vector<int64_t> & pos, const std::vector<double> & w) {
     const int64_t half = hd / 2;
     auto ch = [&](int64_t i, int ab) { return neox ? i + ab * half : 2 * i + ab; };
     std::vector<float> kst(hd * nt * nkv), qf(hd * nt * nq);
@@ -750,12 +751,24 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
     };
     const auto ref = attn(kr, vr, mask);
     const auto plain = attn(kt, vt, mask); // without the term: must be far from ref
+    ggml_tensor * P = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt);
+    ggml_tensor * U = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, TQ_FA_TERM_STEPS);
+    ggml_tensor * U0 = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, TQ_FA_TERM_STEPS);
+    for (int64_t t = 0; t < nt; ++t) ((int32_t *) P->data)[t] = (int32_t) pos[t];
+    for (int64_t j = 0; j < TQ_FA_TERM_STEPS; ++j)
+        for (int64_t i = 0; i < half; ++i) {
+            ((float *) U->data)[j * hd + i] = (float) std::cos(j * w[i]);
+            ((float *) U->data)[j * hd + half + i] = (float) std::sin(j * w[i]);
+        }
+    memset(U0->data, 0, ggml_nbytes(U0));
+    bool consecutive = true;
+    for (int64_t t = 1; t < nt; ++t) consecutive = consecutive && pos[t] == pos[t - 1] + 1;
     const int was_tile = tq_ggml_fa_tile();
     double off_plain = 0;
     for (size_t i = 0; i < ref.size(); ++i) off_plain = std::fmax(off_plain, std::fabs(plain[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
     for (int tile : { 2, 1, 0 }) { // shared GQA tiles, per-head tiles, per-key loop
         tq_ggml_set_fa_tile(tile);
-        const auto got = attn(kt, vt, tq_rf_term_mask(c.ctx, mask, a, tab));
+        const auto got = attn(kt, vt, tq_rf_term_mask(c.ctx, mask, a, tab, P, U));
         double worst = 0;
         for (size_t i = 0; i < ref.size(); ++i) {
             if (!std::isfinite(got[i])) { tq_ggml_set_fa_tile(was_tile); return err.fail("FA term: non-finite output"); }
@@ -767,6 +780,17 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
             return err.fail("FA term (tile %d, neox %d, nt %lld): vs f32 keys + R_p mu' %g (want <= 2e-5); without the term %g (want >= 0.1)",
                             tile, neox, (long long) nt, worst, off_plain);
         }
+    }
+    // the shared tiles read U where the cells' positions run consecutively, and T's rows
+    // elsewhere: a zeroed U must then lose the term (as far off as no term), and only then
+    tq_ggml_set_fa_tile(2);
+    const auto zeroed = attn(kt, vt, tq_rf_term_mask(c.ctx, mask, a, tab, P, U0));
+    tq_ggml_set_fa_tile(was_tile);
+    double off_zeroed = 0;
+    for (size_t i = 0; i < ref.size(); ++i) off_zeroed = std::fmax(off_zeroed, std::fabs(zeroed[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
+    if (consecutive ? off_zeroed < 0.5 * off_plain : off_zeroed > 2e-5) {
+        return err.fail("FA term, zeroed U (neox %d, nt %lld, consecutive %d): off %g (no term: %g)", neox, (long long) nt,
+                        consecutive, off_zeroed, off_plain);
     }
     tq_ggml_set_fa_tile(was_tile);
     return 0;
@@ -787,11 +811,12 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
     for (bool neox : { false, true })
     for (bool bal : { false, true })
     for (int mode : { TQ_KMEAN_SET, TQ_KMEAN_KEEP })
-    for (int64_t nt : { (int64_t) 40, (int64_t) 2 }) {
+    for (int64_t nt : { (int64_t) 40, (int64_t) 2 })
+    for (bool consecutive : { false, true }) { // scattered positions, or one sequence's run
         if (mode == TQ_KMEAN_SET && nt < TQ_KMEAN_MIN_TOKENS) continue;
         Ctx c(64);
         std::vector<int64_t> pos(nt);
-        for (int64_t t = 0; t < nt; ++t) pos[t] = 5 + 97 * t + (t * t) % 13;
+        for (int64_t t = 0; t < nt; ++t) pos[t] = consecutive ? 4000 + t : 5 + 97 * t + (t * t) % 13;
         auto ch = [&](int64_t i, int ab) { return neox ? i + ab * half : 2 * i + ab; };
         // pre-RoPE keys mu0 + N(0, 1), |mu0_c| = 3, roped to their positions
         const std::vector<float> noise = gaussian(n * nt, 41), qv = gaussian(hd * nq * nt, 42);
@@ -874,7 +899,7 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
         }
         // (3) the turbo flash-attention tiles with the term (tq-fa-term.h), every tile path,
         //     equal flash attention over f32 keys decoded + R_p mu'
-        if (int fail = kmean_rope_fa(err, c, neox, ko, qo, (const float *) A->data, tab, kmd, hd, nkv, nq, nt, kq_scale)) {
+        if (int fail = kmean_rope_fa(err, c, neox, ko, qo, (const float *) A->data, tab, kmd, hd, nkv, nq, nt, kq_scale, pos, w)) {
             return fail;
         }
     }
