@@ -15,7 +15,8 @@
  * as upstream skips them; results differ from the per-key loop only in float rounding.
  *
  * With GQA, the query heads of one K/V head take each tile together and decode it once
- * (tq_ggml_fa_rows_shared; TQ_FA_TILE=1 or tq_ggml_set_fa_tile(1) keeps tiles per head).
+ * (tq_ggml_fa_rows_shared; TQ_FA_TILE=1 or tq_ggml_set_fa_tile(1) keeps tiles per head),
+ * and score it and add its values up to TQ_FA_HEAD_BLOCK heads per pass over its rows.
  * A head alone runs the same decoded tiles, bit for bit what it gets in its group, so a
  * row's result does not depend on how the rows were split into chunks (batch invariance);
  * the fused decode-and-dot kernels are left for what the decoded tiles do not take.
@@ -185,6 +186,79 @@ static inline void tq_ggml_fa_tile_dots2(const float *kf, const float *t, int n,
     }
 }
 
+/* The heads of a GQA group score a tile together: up to TQ_FA_HEAD_BLOCK heads per pass, so
+   each decoded row (and table row) is loaded once for all of them instead of once per head.
+   Every (head, key) accumulator still takes the same operations in the same order as
+   tq_fa_dots4_512 gives it, so a head's scores do not depend on which heads share its pass
+   (a head alone, g = 1, gets its group's bits). */
+#define TQ_FA_HEAD_BLOCK 3
+
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+/* Rows [0, n - n % 4) for heads [0, gb) (gb <= TQ_FA_HEAD_BLOCK, a constant where inlined):
+   s[h * TQ_FA_TILE + i] = dot(row i of kf, q[h]) + dot(row i of t, a[h]) (t NULL: the first
+   alone). Returns the rows done. */
+static inline __attribute__((always_inline)) int tq_fa_dots4_heads_512(const float *kf, const float *t, int n,
+                                                                       int64_t DK, const float *const *q,
+                                                                       const float *const *a, int gb, float *s) {
+    if (DK % 16 != 0) return 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float *r = kf + (int64_t) i * DK, *u = t ? t + (int64_t) i * DK : NULL;
+        __m512 acc[TQ_FA_HEAD_BLOCK][4];
+        for (int h = 0; h < gb; ++h)
+            for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < DK; d += 16) {
+            const __m512 r0 = _mm512_loadu_ps(r + d), r1 = _mm512_loadu_ps(r + DK + d);
+            const __m512 r2 = _mm512_loadu_ps(r + 2 * DK + d), r3 = _mm512_loadu_ps(r + 3 * DK + d);
+            for (int h = 0; h < gb; ++h) {
+                const __m512 qv = _mm512_loadu_ps(q[h] + d);
+                acc[h][0] = _mm512_fmadd_ps(r0, qv, acc[h][0]);
+                acc[h][1] = _mm512_fmadd_ps(r1, qv, acc[h][1]);
+                acc[h][2] = _mm512_fmadd_ps(r2, qv, acc[h][2]);
+                acc[h][3] = _mm512_fmadd_ps(r3, qv, acc[h][3]);
+            }
+            if (u) {
+                const __m512 u0 = _mm512_loadu_ps(u + d), u1 = _mm512_loadu_ps(u + DK + d);
+                const __m512 u2 = _mm512_loadu_ps(u + 2 * DK + d), u3 = _mm512_loadu_ps(u + 3 * DK + d);
+                for (int h = 0; h < gb; ++h) {
+                    const __m512 av = _mm512_loadu_ps(a[h] + d);
+                    acc[h][0] = _mm512_fmadd_ps(u0, av, acc[h][0]);
+                    acc[h][1] = _mm512_fmadd_ps(u1, av, acc[h][1]);
+                    acc[h][2] = _mm512_fmadd_ps(u2, av, acc[h][2]);
+                    acc[h][3] = _mm512_fmadd_ps(u3, av, acc[h][3]);
+                }
+            }
+        }
+        for (int h = 0; h < gb; ++h) tq_fa_hsum4_512(acc[h][0], acc[h][1], acc[h][2], acc[h][3], s + h * TQ_FA_TILE + i);
+    }
+    return i;
+}
+#endif
+
+/* s[h * TQ_FA_TILE + i] = tq_ggml_fa_tile_dots2's score of row i for head h < g (q[h], a[h];
+   t NULL or every a[h] NULL: no term). */
+static inline void tq_ggml_fa_tile_dots_heads(const float *kf, const float *t, int n, int64_t DK,
+                                              const float *const *q, const float *const *a, int g, float *s) {
+    for (int h0 = 0; h0 < g; h0 += TQ_FA_HEAD_BLOCK) {
+        const int gb = g - h0 < TQ_FA_HEAD_BLOCK ? g - h0 : TQ_FA_HEAD_BLOCK;
+        float *sh = s + h0 * TQ_FA_TILE;
+        int done = 0;
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+        const float *tu = t && a[h0] ? t : NULL;
+        done = gb == 3   ? tq_fa_dots4_heads_512(kf, tu, n, DK, q + h0, a + h0, 3, sh)
+               : gb == 2 ? tq_fa_dots4_heads_512(kf, tu, n, DK, q + h0, a + h0, 2, sh)
+                         : tq_fa_dots4_heads_512(kf, tu, n, DK, q + h0, a + h0, 1, sh);
+#endif
+        if (done < n) {
+            for (int h = 0; h < gb; ++h) {
+                const float *ah = t ? a[h0 + h] : NULL;
+                tq_ggml_fa_tile_dots2(kf + (int64_t) done * DK, ah ? t + (int64_t) done * DK : NULL, n - done, DK,
+                                      q[h0 + h], ah, sh + h * TQ_FA_TILE + done);
+            }
+        }
+    }
+}
+
 /* The next run of up to TQ_FA_TILE keys from *ic (before ic1) that the mask row mp does not
    exclude: their mask values times slope go to mv, the run starts at *start, *ic moves past
    it. Returns the run's length, 0 when no key is left. */
@@ -285,6 +359,47 @@ static inline void tq_ggml_fa_tile_mads(float *VKQ, const float *vf, const float
     }
 }
 
+/* VKQ_h[0..DV) += sum_i w_h[i] * (row i of vf) for heads h < g (w_h = w + h * TQ_FA_TILE; a
+   head with live[h] == 0 is left alone): each row of vf is loaded once per pass of up to
+   TQ_FA_HEAD_BLOCK heads, 16 outputs to a register (AVX-512), else tq_ggml_fa_tile_mads per
+   head. Each output takes the same multiply-adds in the same order either way. */
+static inline void tq_ggml_fa_tile_mads_heads(float *const *VKQ, const int *live, const float *vf, const float *w, int n,
+                                              int64_t DV, int g) {
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+    if (DV % 64 == 0) {
+        int hs[TQ_FA_GQA_MAX], nl = 0;
+        for (int h = 0; h < g; ++h)
+            if (live[h]) hs[nl++] = h;
+        for (int b = 0; b < nl; b += TQ_FA_HEAD_BLOCK) {
+            const int gb = nl - b < TQ_FA_HEAD_BLOCK ? nl - b : TQ_FA_HEAD_BLOCK;
+            for (int64_t d0 = 0; d0 < DV; d0 += 64) {
+                __m512 acc[TQ_FA_HEAD_BLOCK][4];
+                for (int h = 0; h < gb; ++h)
+                    for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_loadu_ps(VKQ[hs[b + h]] + d0 + 16 * j);
+                for (int i = 0; i < n; ++i) {
+                    const float *x = vf + (int64_t) i * DV + d0;
+                    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+                    const __m512 x2 = _mm512_loadu_ps(x + 32), x3 = _mm512_loadu_ps(x + 48);
+                    for (int h = 0; h < gb; ++h) {
+                        const __m512 wi = _mm512_set1_ps(w[hs[b + h] * TQ_FA_TILE + i]);
+                        acc[h][0] = _mm512_fmadd_ps(wi, x0, acc[h][0]);
+                        acc[h][1] = _mm512_fmadd_ps(wi, x1, acc[h][1]);
+                        acc[h][2] = _mm512_fmadd_ps(wi, x2, acc[h][2]);
+                        acc[h][3] = _mm512_fmadd_ps(wi, x3, acc[h][3]);
+                    }
+                }
+                for (int h = 0; h < gb; ++h)
+                    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(VKQ[hs[b + h]] + d0 + 16 * j, acc[h][j]);
+            }
+        }
+        return;
+    }
+#endif
+    for (int h = 0; h < g; ++h) {
+        if (live[h]) tq_ggml_fa_tile_mads(VKQ[h], vf, w + h * TQ_FA_TILE, n, DV);
+    }
+}
+
 /* The heads' state: query (f32, DK), the per-key term's coefficients (or NULL), ALiBi slope,
    its mask row (f16, or NULL), running maximum, sum and accumulator. */
 typedef struct {
@@ -307,7 +422,8 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
                                           int64_t DV, const ggml_fp16_t *mp, float scale, float softcap, int64_t ic0,
                                           int64_t ic1, const tq_fa_term_cells_t *tc) {
     float kf[TQ_FA_TILE * TQ_FA_GQA_DMAX], vf[TQ_FA_TILE * TQ_FA_GQA_DMAX];
-    float s[TQ_FA_TILE], mv[TQ_FA_TILE], mh[TQ_FA_TILE];
+    float s[TQ_FA_GQA_MAX * TQ_FA_TILE], mv[TQ_FA_TILE], mh[TQ_FA_TILE];
+    float a_turned[TQ_FA_GQA_MAX * TQ_FA_GQA_DMAX];
     int64_t ic = ic0, start;
     int n;
     while ((n = tq_ggml_fa_next_run(mp, 1.0f, &ic, ic1, &start, mv)) > 0) {
@@ -317,29 +433,37 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
         }
         const int steps = tc && tq_fa_term_steps(tc, start, n);
         const float *t_rows = tc ? (steps ? tc->U : tc->T + start * DK) : NULL;
+        const float *qs[TQ_FA_GQA_MAX], *as[TQ_FA_GQA_MAX];
+        float *accs[TQ_FA_GQA_MAX];
+        int live[TQ_FA_GQA_MAX];
+        for (int h = 0; h < g; ++h) {
+            qs[h] = hd[h].q;
+            as[h] = hd[h].ta;
+            accs[h] = hd[h].VKQ;
+            if (as[h] && steps) {
+                tq_fa_term_turn(tc->T + start * DK, as[h], DK, a_turned + h * TQ_FA_GQA_DMAX);
+                as[h] = a_turned + h * TQ_FA_GQA_DMAX;
+            }
+        }
+        tq_ggml_fa_tile_dots_heads(kf, t_rows, n, DK, qs, as, g, s);
         for (int h = 0; h < g; ++h) {
             tq_ggml_fa_head_t *H = &hd[h];
+            float *sh = s + h * TQ_FA_TILE;
             const float *m = mv;
             if (H->mp != mp) {
                 for (int i = 0; i < n; ++i) mh[i] = TQ_FA_FP16_TO_FP32(H->mp[start + i]);
                 m = mh;
             }
             float tile_max = -INFINITY;
-            const float *a = H->ta;
-            float a_turned[TQ_FA_GQA_DMAX];
-            if (a && steps) {
-                tq_fa_term_turn(tc->T + start * DK, a, DK, a_turned);
-                a = a_turned;
-            }
-            tq_ggml_fa_tile_dots2(kf, a ? t_rows : NULL, n, DK, H->q, a, s);
             for (int i = 0; i < n; ++i) {
-                float x = s[i] * scale;
+                float x = sh[i] * scale;
                 if (softcap != 0.0f) x = softcap * tanhf(x);
                 x += H->slope * m[i];
-                s[i] = x;
+                sh[i] = x;
                 tile_max = x > tile_max ? x : tile_max;
             }
-            if (tile_max == -INFINITY) continue; /* every key of the tile excluded for this head */
+            live[h] = tile_max != -INFINITY; /* 0: every key of the tile excluded for this head */
+            if (!live[h]) continue;
             float ms = 1.0f;
             if (tile_max > H->M) {
                 ms = expf(H->M - tile_max);
@@ -347,17 +471,17 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
                 for (int64_t d = 0; d < DV; ++d) H->VKQ[d] *= ms;
             }
 #ifdef GGML_VEC_MAD_UNROLL
-            const float sum = (float) ggml_vec_soft_max_f32(n, s, s, H->M);
+            const float sum = (float) ggml_vec_soft_max_f32(n, sh, sh, H->M);
 #else
             float sum = 0.0f;
             for (int i = 0; i < n; ++i) {
-                s[i] = expf(s[i] - H->M);
-                sum += s[i];
+                sh[i] = expf(sh[i] - H->M);
+                sum += sh[i];
             }
 #endif
-            tq_ggml_fa_tile_mads(H->VKQ, vf, s, n, DV);
             H->S = H->S * ms + sum;
         }
+        tq_ggml_fa_tile_mads_heads(accs, live, vf, s, n, DV, g);
     }
 }
 
