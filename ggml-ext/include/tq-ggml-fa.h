@@ -194,6 +194,21 @@ static inline void tq_ggml_fa_tile_dots2(const float *kf, const float *t, int n,
 #define TQ_FA_HEAD_BLOCK 3
 
 #if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+/* acc[h][j] += (row j of rows)[d, d + 16) * v[h][d, d + 16) for rows 0..3 of DK floats, heads h < gb. */
+static inline __attribute__((always_inline)) void tq_fa_fma4_heads(const float *rows, int64_t DK, int64_t d,
+                                                                   const float *const *v, int gb,
+                                                                   __m512 acc[][4]) {
+    const __m512 r0 = _mm512_loadu_ps(rows + d), r1 = _mm512_loadu_ps(rows + DK + d);
+    const __m512 r2 = _mm512_loadu_ps(rows + 2 * DK + d), r3 = _mm512_loadu_ps(rows + 3 * DK + d);
+    for (int h = 0; h < gb; ++h) {
+        const __m512 x = _mm512_loadu_ps(v[h] + d);
+        acc[h][0] = _mm512_fmadd_ps(r0, x, acc[h][0]);
+        acc[h][1] = _mm512_fmadd_ps(r1, x, acc[h][1]);
+        acc[h][2] = _mm512_fmadd_ps(r2, x, acc[h][2]);
+        acc[h][3] = _mm512_fmadd_ps(r3, x, acc[h][3]);
+    }
+}
+
 /* Rows [0, n - n % 4) for heads [0, gb) (gb <= TQ_FA_HEAD_BLOCK, a constant where inlined):
    s[h * TQ_FA_TILE + i] = dot(row i of kf, q[h]) + dot(row i of t, a[h]) (t NULL: the first
    alone). Returns the rows done. */
@@ -208,26 +223,8 @@ static inline __attribute__((always_inline)) int tq_fa_dots4_heads_512(const flo
         for (int h = 0; h < gb; ++h)
             for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_ps();
         for (int64_t d = 0; d < DK; d += 16) {
-            const __m512 r0 = _mm512_loadu_ps(r + d), r1 = _mm512_loadu_ps(r + DK + d);
-            const __m512 r2 = _mm512_loadu_ps(r + 2 * DK + d), r3 = _mm512_loadu_ps(r + 3 * DK + d);
-            for (int h = 0; h < gb; ++h) {
-                const __m512 qv = _mm512_loadu_ps(q[h] + d);
-                acc[h][0] = _mm512_fmadd_ps(r0, qv, acc[h][0]);
-                acc[h][1] = _mm512_fmadd_ps(r1, qv, acc[h][1]);
-                acc[h][2] = _mm512_fmadd_ps(r2, qv, acc[h][2]);
-                acc[h][3] = _mm512_fmadd_ps(r3, qv, acc[h][3]);
-            }
-            if (u) {
-                const __m512 u0 = _mm512_loadu_ps(u + d), u1 = _mm512_loadu_ps(u + DK + d);
-                const __m512 u2 = _mm512_loadu_ps(u + 2 * DK + d), u3 = _mm512_loadu_ps(u + 3 * DK + d);
-                for (int h = 0; h < gb; ++h) {
-                    const __m512 av = _mm512_loadu_ps(a[h] + d);
-                    acc[h][0] = _mm512_fmadd_ps(u0, av, acc[h][0]);
-                    acc[h][1] = _mm512_fmadd_ps(u1, av, acc[h][1]);
-                    acc[h][2] = _mm512_fmadd_ps(u2, av, acc[h][2]);
-                    acc[h][3] = _mm512_fmadd_ps(u3, av, acc[h][3]);
-                }
-            }
+            tq_fa_fma4_heads(r, DK, d, q, gb, acc);
+            if (u) tq_fa_fma4_heads(u, DK, d, a, gb, acc);
         }
         for (int h = 0; h < gb; ++h) tq_fa_hsum4_512(acc[h][0], acc[h][1], acc[h][2], acc[h][3], s + h * TQ_FA_TILE + i);
     }
