@@ -20,6 +20,8 @@ so only the noise differs between the variants:
   +ubal       rope-frame only: balancing with every key weighted alike (the first version
               of this script, which made rope-frame+bal look worse than rope-frame)
   +bal-all    balancing statistics from all T tokens (hindsight)
+  /sinkN      any of the above with the first N keys stored exactly (no noise): what keeping
+              the attention-sink tokens at full precision would buy
 
     python3 scripts/kmean_long_sim.py smol8k.tqkv [--tokens 4096] [--distortion 0.0307]
 
@@ -159,7 +161,8 @@ for l in range(L):
             "oracle": k.mean(0),
         }
         for v in variants:
-            base, _, bal = v.partition("+")
+            spec, _, sink = v.partition("/")
+            base, _, bal = spec.partition("+")
             z = rng.standard_normal(k.shape)
             if base.startswith("rope-frame"):
                 mu = rot(k[:B], w, pos[:B], -1.0).mean(0)
@@ -194,6 +197,8 @@ for l in range(L):
                 x = s * k - s * m
             # noise on the stored vector, seen by the query q / s
             noise = z * np.sqrt(a.distortion * (x ** 2).sum(1, keepdims=True) / d) / s
+            if sink:
+                noise[: int(sink.removeprefix("sink"))] = 0
             out.setdefault(v, []).append(attn_kl(k, noise, q))
     for v in variants:
         res[v].append(np.mean(out[v]))
