@@ -282,7 +282,18 @@ fn pinned_completion(port: u16, i: usize, n: u32) -> (String, Value) {
 fn batched_decode_on_pinned_slots_is_bit_identical_to_lone_decode() {
     let mut srv = Server::start(&args(
         TURBO,
-        &["-c", "8192", "-np", "8", "--cache-ram", "0", "-t", "2", "-lv", "4"],
+        &[
+            "-c",
+            "8192",
+            "-np",
+            "8",
+            "--cache-ram",
+            "0",
+            "-t",
+            "2",
+            "-lv",
+            "4",
+        ],
     ));
     let port = srv.port;
     for i in 0..8 {
@@ -306,7 +317,10 @@ fn batched_decode_on_pinned_slots_is_bit_identical_to_lone_decode() {
         log.contains("turbo K mean in RoPE's frame: on"),
         "the 8-slot cache runs the RoPE-frame K mean (the default on the CPU)"
     );
-    assert_eq!(same, 8, "batched answers bit-identical to lone ones on pinned slots");
+    assert_eq!(
+        same, 8,
+        "batched answers bit-identical to lone ones on pinned slots"
+    );
 }
 
 // ------------------------------------------------------------ saved state ---
