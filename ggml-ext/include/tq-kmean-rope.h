@@ -89,21 +89,37 @@ static inline int64_t tq_rf_ch(bool neox, int64_t hd, int64_t i, int ab) {
    chain of halves, products and joins each was about a dozen graph nodes per layer, and on
    a decode step every node costs a thread barrier (the mean in RoPE's frame runs only
    where the model is on the CPU, tq_kmean_rope_setup). Rows are split across threads. */
+/* o = R_p m for one row (hd floats; t: the position's table column). */
+static inline void tq_rf_rotate_row(bool neox, int64_t hd, const float * t, const float * m, float * o) {
+    const int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; ++i) {
+        const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
+        const float c = t[i], sn = t[half + i];
+        o[ca] = c * m[ca] - sn * m[cb];
+        o[cb] = sn * m[ca] + c * m[cb];
+    }
+}
+
+/* o = [alpha; beta] of one query row x against the mean m (hd floats each). */
+static inline void tq_rf_coeffs_row(bool neox, int64_t hd, const float * x, const float * m, float * o) {
+    const int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; ++i) {
+        const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
+        o[i] = x[ca] * m[ca] + x[cb] * m[cb];        // alpha_i
+        o[half + i] = x[cb] * m[ca] - x[ca] * m[cb]; // beta_i
+    }
+}
+
 static inline void tq_rf_rotate_mean_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const bool neox = userdata != nullptr;
     const ggml_tensor * mu = dst->src[0], * T = dst->src[1];
-    const int64_t hd = dst->ne[0], half = hd / 2, nh = dst->ne[1], n = dst->ne[2];
+    const int64_t hd = dst->ne[0], nh = dst->ne[1], n = dst->ne[2];
     for (int64_t r = ith; r < nh * n; r += nth) {
         const int64_t h = r % nh, p = r / nh;
         const float * m = (const float *) ((const char *) mu->data + h * mu->nb[1]);
         const float * t = (const float *) ((const char *) T->data + p * T->nb[1]);
         float * o = (float *) ((char *) dst->data + h * dst->nb[1] + p * dst->nb[2]);
-        for (int64_t i = 0; i < half; ++i) {
-            const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
-            const float c = t[i], sn = t[half + i];
-            o[ca] = c * m[ca] - sn * m[cb];
-            o[cb] = sn * m[ca] + c * m[cb];
-        }
+        tq_rf_rotate_row(neox, hd, t, m, o);
     }
 }
 
@@ -134,17 +150,13 @@ static inline ggml_tensor * tq_rf_unrope_mean(ggml_context * ctx, ggml_tensor * 
 static inline void tq_rf_coeffs_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const bool neox = userdata != nullptr;
     const ggml_tensor * q = dst->src[0], * mu = dst->src[1];
-    const int64_t hd = dst->ne[0], half = hd / 2, nq = dst->ne[1], nt = dst->ne[2], g = nq / mu->ne[1];
+    const int64_t hd = dst->ne[0], nq = dst->ne[1], nt = dst->ne[2], g = nq / mu->ne[1];
     for (int64_t r = ith; r < nq * nt; r += nth) {
         const int64_t h = r % nq, t = r / nq;
         const float * x = (const float *) ((const char *) q->data + h * q->nb[1] + t * q->nb[2]);
         const float * m = (const float *) ((const char *) mu->data + (h / g) * mu->nb[1]);
         float * o = (float *) ((char *) dst->data + h * dst->nb[1] + t * dst->nb[2]);
-        for (int64_t i = 0; i < half; ++i) {
-            const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
-            o[i] = x[ca] * m[ca] + x[cb] * m[cb];        // alpha_i
-            o[half + i] = x[cb] * m[ca] - x[ca] * m[cb]; // beta_i
-        }
+        tq_rf_coeffs_row(neox, hd, x, m, o);
     }
 }
 
@@ -164,11 +176,13 @@ static inline ggml_tensor * tq_rf_coeffs(ggml_context * ctx, ggml_tensor * q, gg
    k' = s k - R_p mu' [hd, nkv, nt], then q' = q / s [hd, nq, nt], then the coefficients
    A of q' against mu' [hd, nq, nt] (tq_rf_coeffs_op's). As separate nodes these were six
    per layer (s, q / s, s k, A, R_p mu', the subtraction), each a thread barrier on a
-   decode step; the arithmetic per value is theirs. Work is split by (token, KV head). */
+   decode step; the arithmetic per value is theirs (the same row helpers). Work is split by
+   (token, KV head); heads up to TQ_RF_HD_MAX. */
+#define TQ_RF_HD_MAX 512
 static inline void tq_rf_keep_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const bool neox = ((uintptr_t) userdata & 1) != 0, bal = ((uintptr_t) userdata & 2) != 0;
     const ggml_tensor * q = dst->src[0], * k = dst->src[1], * km = dst->src[2], * T = dst->src[3];
-    const int64_t hd = k->ne[0], half = hd / 2, nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1], g = nq / nkv;
+    const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1], g = nq / nkv;
     float * kd = (float *) dst->data, * qd = kd + hd * nkv * nt, * ad = qd + hd * nq * nt;
     const float * mu = (const float *) km->data, * sm1 = bal ? mu + hd * nkv : nullptr;
     for (int64_t r = ith; r < nkv * nt; r += nth) {
@@ -177,22 +191,14 @@ static inline void tq_rf_keep_op(ggml_tensor * dst, int ith, int nth, void * use
         const float * tc = (const float *) ((const char *) T->data + t * T->nb[1]);
         const float * kx = (const float *) ((const char *) k->data + h * k->nb[1] + t * k->nb[2]);
         float * ko = kd + (t * nkv + h) * hd;
-        for (int64_t i = 0; i < half; ++i) {
-            const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
-            const float c = tc[i], sn = tc[half + i];
-            const float ra = c * m[ca] - sn * m[cb], rb = sn * m[ca] + c * m[cb];
-            ko[ca] = (d ? kx[ca] * (1.0f + d[ca]) : kx[ca]) - ra;
-            ko[cb] = (d ? kx[cb] * (1.0f + d[cb]) : kx[cb]) - rb;
-        }
+        float rm[TQ_RF_HD_MAX];
+        tq_rf_rotate_row(neox, hd, tc, m, rm);
+        for (int64_t c = 0; c < hd; ++c) ko[c] = (d ? kx[c] * (1.0f + d[c]) : kx[c]) - rm[c];
         for (int64_t j = h * g; j < (h + 1) * g; ++j) {
             const float * qx = (const float *) ((const char *) q->data + j * q->nb[1] + t * q->nb[2]);
             float * qo = qd + (t * nq + j) * hd, * ao = ad + (t * nq + j) * hd;
             for (int64_t c = 0; c < hd; ++c) qo[c] = d ? qx[c] / (1.0f + d[c]) : qx[c];
-            for (int64_t i = 0; i < half; ++i) {
-                const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
-                ao[i] = qo[ca] * m[ca] + qo[cb] * m[cb];
-                ao[half + i] = qo[cb] * m[ca] - qo[ca] * m[cb];
-            }
+            tq_rf_coeffs_row(neox, hd, qo, m, ao);
         }
     }
 }
@@ -205,7 +211,7 @@ static inline ggml_tensor * tq_rf_keep(ggml_context * ctx, ggml_tensor ** q_cur,
     const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1];
     GGML_ASSERT(q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F32 && k_mean->type == GGML_TYPE_F32 &&
                 T->type == GGML_TYPE_F32 && q->ne[0] == hd && q->ne[2] == nt && nq % nkv == 0 && hd % 2 == 0 &&
-                T->ne[0] == hd && T->ne[1] == nt && q->nb[0] == sizeof(float) && k->nb[0] == sizeof(float) &&
+                T->ne[0] == hd && T->ne[1] == nt && hd <= TQ_RF_HD_MAX && q->nb[0] == sizeof(float) && k->nb[0] == sizeof(float) &&
                 T->nb[0] == sizeof(float) && ggml_is_contiguous(k_mean) && q->ne[3] == 1 && k->ne[3] == 1);
     ggml_tensor * args[4] = { q, k, k_mean, T };
     const uintptr_t flags = (neox ? 1u : 0u) | (bal ? 2u : 0u);
