@@ -12,6 +12,7 @@ extern "C" {
     fn tq_test_kmean(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kbal(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean_rope(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_sink(err: *mut c_char, cap: usize) -> c_int;
     #[allow(clippy::too_many_arguments)]
     fn tq_test_flash_attn_tiles(
         k_type: c_int,
@@ -175,4 +176,13 @@ fn k_q_channel_balancing_is_logit_exact_and_rope_tied() {
 #[test]
 fn k_mean_in_rope_frame_is_logit_exact_per_key() {
     check(|e, n| unsafe { tq_test_kmean_rope(e, n) });
+}
+
+/// The exact first keys (ggml-ext/include/tq-sink.h): slots written as llama writes them;
+/// the prefill path and every flash-attention tile path over turbo K/V read a slot's exact
+/// row exactly where a cell at position 0 matches it byte for byte, per KV head, and never
+/// the write-only last row.
+#[test]
+fn first_keys_exact_where_the_bytes_match() {
+    check(|e, n| unsafe { tq_test_sink(e, n) });
 }

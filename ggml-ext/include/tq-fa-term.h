@@ -25,11 +25,16 @@
  * (a_i' = a_i c_i + b_i s_i, b_i' = b_i c_i - a_i s_i with c, s from T_p0), so a tile whose
  * cells hold consecutive positions (one sequence's cells, the usual case) reads T once and
  * the small U, which stays in L1. Other tiles read T's rows.
+ *
+ * Two more, optional: src[5], src[6] = the exact first keys' slots (tq-sink.h), f32 rows
+ * and their copy in K's type; a decoded cell at position 0 whose bytes match a slot's takes
+ * the slot's row instead (they need P).
  */
 #ifndef TQ_FA_TERM_H
 #define TQ_FA_TERM_H
 
 #include "ggml.h"
+#include "tq-sink.h"
 
 #define TQ_FA_TERM_MAGIC 0x54525154 /* "TQRT" */
 #define TQ_FA_TERM_SLOT (GGML_MAX_OP_PARAMS / sizeof(int32_t) - 1)
@@ -45,11 +50,12 @@ typedef struct {
     const float *A; /* row (token * n_head + head): hd floats */
     const int32_t *P; /* cell j's position, or NULL (then every tile reads T's rows) */
     const float *U;   /* row r: hd floats for position r; NULL with P */
+    tq_sink_t sink;   /* the exact first keys (n_slots 0: none) */
     int64_t hd, n_cells, n_head, n_tokens;
 } tq_fa_term_t;
 
 static inline tq_fa_term_t tq_fa_term_of(const struct ggml_tensor *mask) {
-    tq_fa_term_t t = { 0, NULL, NULL, NULL, NULL, 0, 0, 0, 0 };
+    tq_fa_term_t t = { 0, NULL, NULL, NULL, NULL, { NULL, NULL, 0, 0, 0 }, 0, 0, 0, 0 };
     if (!mask || mask->op != GGML_OP_VIEW || mask->op_params[TQ_FA_TERM_SLOT] != TQ_FA_TERM_MAGIC) return t;
     t.marked = 1;
     const struct ggml_tensor *T = mask->src[1], *A = mask->src[2];
@@ -67,6 +73,10 @@ static inline tq_fa_term_t tq_fa_term_of(const struct ggml_tensor *mask) {
         t.P = (const int32_t *) P->data;
         t.U = (const float *) U->data;
     }
+    if (mask->src[5] || mask->src[6]) {
+        t.sink = tq_sink_of(mask->src[5], mask->src[6]);
+        if (!t.P || t.sink.n_slots == 0 || t.sink.row_f % T->ne[0] != 0) return t;
+    }
     t.T = (const float *) T->data;
     t.A = (const float *) A->data;
     t.hd = T->ne[0];
@@ -76,12 +86,22 @@ static inline tq_fa_term_t tq_fa_term_of(const struct ggml_tensor *mask) {
     return t;
 }
 
-/* One K stream's view of the term: its cells' rows of T and P (P, U NULL: T's rows only). */
+/* One K stream's view of the term: its cells' rows of T and P (P, U NULL: T's rows only),
+   and for KV head `head` (head_bytes per stored key) the exact first keys (NULL: none). */
 typedef struct {
     const float *T;
     const int32_t *P;
     const float *U;
+    const tq_sink_t *sink;
+    int64_t head;
+    size_t head_bytes;
 } tq_fa_term_cells_t;
+
+/* The exact row of cell c (stored key kb) where the sink rule gives one (tq-sink.h), or NULL. */
+static inline const float *tq_fa_term_sink(const tq_fa_term_cells_t *tc, int64_t c, const void *kb, int64_t DK) {
+    if (!tc || !tc->sink || !tc->P || tc->P[c] != 0) return NULL;
+    return tq_sink_find(tc->sink, kb, tc->head_bytes, tc->head, DK);
+}
 
 /* Whether cells [start, start + n) hold consecutive positions, so that U can stand in for
    their rows of T (not for one key: that reads its row of T either way). */

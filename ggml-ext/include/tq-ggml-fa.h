@@ -278,18 +278,24 @@ static inline int tq_ggml_fa_next_run(const ggml_fp16_t *mp, float slope, int64_
 /* One query row q (f32, DK values) over keys [ic0, ic1): k/v point at key/value row 0 of
    this head, rows nbk1/nbv1 bytes apart. mp: the query's f16 mask row (or NULL), scaled by
    slope (ALiBi). scale: the KQ scale (already divided by softcap when softcap != 0). tt, ta:
-   the per-key term's cell rows and this query's coefficients (tq-fa-term.h), ta NULL for none.
-   Updates *M, *S and VKQ (DV floats) as the per-key online softmax does. */
+   the per-key term's cell rows and this query's coefficients (tq-fa-term.h), ta NULL for none;
+   tc: its cells, for the exact first keys (tq-sink.h; NULL: none), whose scores are taken
+   from their exact rows. Updates *M, *S and VKQ (DV floats) as the per-key online softmax does. */
 static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t nbk1, const char *v,
                                   size_t nbv1, const float *q, int64_t DK, int64_t DV,
                                   const ggml_fp16_t *mp, float slope, float scale, float softcap, int64_t ic0,
-                                  int64_t ic1, const float *tt, const float *ta, float *VKQ, float *M, float *S) {
+                                  int64_t ic1, const float *tt, const float *ta, const tq_fa_term_cells_t *tc,
+                                  float *VKQ, float *M, float *S) {
     float s[TQ_FA_TILE], mv[TQ_FA_TILE];
     int64_t ic = ic0, start;
     int n;
     while ((n = tq_ggml_fa_next_run(mp, slope, &ic, ic1, &start, mv)) > 0) {
 
         fa->dot(k + start * nbk1, nbk1, n, q, DK, s);
+        for (int i = 0; tc && tc->sink && i < n; ++i) {
+            const float *x = tq_fa_term_sink(tc, start + i, k + (start + i) * nbk1, DK);
+            if (x) tq_ggml_fa_tile_dots(x, 1, DK, q, s + i);
+        }
         tq_ggml_fa_add_term(ta ? tt + start * DK : NULL, n, DK, ta, s);
         float tile_max = -INFINITY;
         for (int i = 0; i < n; ++i) {
@@ -413,7 +419,8 @@ typedef struct {
    a key it alone excludes weighs 0. Per head the arithmetic is tq_ggml_fa_row's with the
    decode done apart from the dot product and the accumulation. tc: the per-key term's cells
    (NULL: no term); a tile of consecutive positions takes its rows from U (tq-fa-term.h), the
-   same choice for a head alone and in its group. */
+   same choice for a head alone and in its group; a cell the sink rule matches (tq-sink.h)
+   takes its slot's exact row instead of its decoded one. */
 static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t v_dec, const char *k, size_t nbk1,
                                           const char *v, size_t nbv1, tq_ggml_fa_head_t *hd, int g, int64_t DK,
                                           int64_t DV, const ggml_fp16_t *mp, float scale, float softcap, int64_t ic0,
@@ -425,7 +432,12 @@ static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t
     int n;
     while ((n = tq_ggml_fa_next_run(mp, 1.0f, &ic, ic1, &start, mv)) > 0) {
         for (int i = 0; i < n; ++i) {
-            k_dec(k + (start + i) * nbk1, kf + i * DK, DK);
+            const float *x = tq_fa_term_sink(tc, start + i, k + (start + i) * nbk1, DK);
+            if (x) {
+                memcpy(kf + i * DK, x, DK * sizeof(float));
+            } else {
+                k_dec(k + (start + i) * nbk1, kf + i * DK, DK);
+            }
             v_dec(v + (start + i) * nbv1, vf + i * DV, DV);
         }
         const int steps = tc && tq_fa_term_steps(tc, start, n);
@@ -535,6 +547,10 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
     const tq_fa_term_t term = tq_fa_term_of(mask);
     GGML_ASSERT(!term.marked || (v_mad && term.T && term.hd == k->ne[0] && term.n_head == q->ne[2] &&
                                  term.n_tokens == q->ne[1] * q->ne[3] && term.n_cells == k->ne[1] * k->ne[3]));
+    /* the exact first keys' slots hold whole cache rows of K's type, head after head */
+    const size_t head_bytes = ggml_row_size(k->type, k->ne[0]);
+    GGML_ASSERT(term.sink.n_slots == 0 || (term.sink.row_f == k->ne[0] * k->ne[2] && (size_t) k->nb[2] == head_bytes &&
+                                           term.sink.row_q == head_bytes * (size_t) k->ne[2]));
     if (!v_mad || (params->use_ref && !term.marked)) return 0;
     const tq_ggml_fa_t fa = tq_ggml_fa_kernels(k->type, v->type);
 
@@ -587,7 +603,8 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         const char *v_head = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
         /* the per-key term's rows for this K stream's cells, and this query's coefficients */
         const float *tt = term.T ? term.T + (int64_t) ik3 * k->ne[1] * DK : NULL;
-        const tq_fa_term_cells_t tc = { tt, term.P ? term.P + (int64_t) ik3 * k->ne[1] : NULL, term.U };
+        const tq_fa_term_cells_t tc = { tt, term.P ? term.P + (int64_t) ik3 * k->ne[1] : NULL, term.U,
+                                        term.sink.n_slots ? &term.sink : NULL, ik2, head_bytes };
 
         if (decoded) {
             const int64_t lead = ir - (int64_t) (iq2 % g) * neq1;
@@ -634,13 +651,18 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         const float *ta = term.A ? term.A + ((iq3 * neq1 + iq1) * neq2 + iq2) * DK : NULL;
         if (fa.dot) {
             tq_ggml_fa_row(&fa, k_head, k->nb[1], v_head, v->nb[1], (const float *) Q_q, DK, DV, mp, slope, scale,
-                           logit_softcap, ic_start, ic_end, tt, ta, VKQ32, &M, &S);
+                           logit_softcap, ic_start, ic_end, tt, ta, tt ? &tc : NULL, VKQ32, &M, &S);
         } else {
             for (int64_t ic = ic_start; ic < ic_end; ++ic) {
                 const float mv = mp ? slope * TQ_FA_FP16_TO_FP32(mp[ic]) : 0.0f;
                 if (mv == -INFINITY) continue;
                 float s;
-                kq_vec_dot(DK, &s, 0, k_head + ic * k->nb[1], 0, Q_q, 0, 1);
+                const float *x = tt ? tq_fa_term_sink(&tc, ic, k_head + ic * k->nb[1], DK) : NULL;
+                if (x) {
+                    tq_ggml_fa_tile_dots(x, 1, DK, (const float *) Q_q, &s);
+                } else {
+                    kq_vec_dot(DK, &s, 0, k_head + ic * k->nb[1], 0, Q_q, 0, 1);
+                }
                 if (ta) {
                     for (int64_t d = 0; d < DK; ++d) s += tt[ic * DK + d] * ta[d];
                 }

@@ -15,6 +15,7 @@
 #include "llama-cparams.h"
 #include "tq-ggml.h"
 #include "tq-kmean.h"
+#include "tq-sink.h"
 
 #include <memory>
 #include <vector>
@@ -28,6 +29,15 @@ public:
             std::vector<float> buf(ggml_nelements(map), 0.0f);
             kv->tq_kmean_fill_map(*ubatch, buf.data(), map->ne[0]);
             ggml_backend_tensor_set(map, buf.data(), 0, ggml_nbytes(map));
+        }
+        if (sink_idx) {
+            // each token's slot of the exact first keys (tq-sink.h)
+            const int64_t n_slots = kv->tq_sink_slots();
+            std::vector<int64_t> idx(ubatch->n_tokens);
+            for (uint32_t j = 0; j < ubatch->n_tokens; ++j) {
+                idx[j] = tq_sink_slot(ubatch->pos[j], ubatch->n_seq_id[j] > 0 ? ubatch->seq_id[j][0] : -1, n_slots);
+            }
+            ggml_backend_tensor_set(sink_idx, idx.data(), 0, ggml_nbytes(sink_idx));
         }
         for (size_t i = 0; i < tab_ub.size(); ++i) {
             kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i], tab_kv[i], kv_streams, i < pos_kv.size() ? pos_kv[i] : nullptr,
@@ -53,6 +63,7 @@ public:
     std::vector<ggml_tensor *> tab_ub, tab_kv, pos_kv, steps;
     int64_t kv_streams = 1;
     std::vector<ggml_tensor *> coeffs;
+    ggml_tensor * sink_idx = nullptr; // i64 [n_tokens]: each token's slot of the exact first keys
 };
 
 // The position table of RoPE frequency set `set` for n columns (ubatch tokens or cells).
@@ -146,13 +157,42 @@ static inline ggml_tensor * tq_llama_attn_k(ggml_context * ctx, ggml_cgraph * gf
     return tq_kmean_graph(ctx, gf, res, q_cur, k_cur, mctx, il, kq_scale, rope_type != LLAMA_ROPE_TYPE_NORM);
 }
 
+// The exact first keys' slots of layer il as this graph leaves them (tq-sink.h): the
+// ubatch's K (k_cur, as the cache got it) written in, or for a layer that reuses another's
+// cache (no k_cur) the slots as that layer wrote them. False where the cache keeps none.
+static inline bool tq_sink_graph(ggml_context * ctx, tq_kmean_input * in, const llama_kv_cache * kv, int il,
+                                 ggml_tensor * k_cur, int64_t n_tokens, ggml_tensor ** rows, ggml_tensor ** q) {
+    ggml_tensor * r = kv->tq_get_k_sink(il, 0), * rq = kv->tq_get_k_sink(il, 1);
+    if (!r || !rq) {
+        return false;
+    }
+    if (!k_cur) {
+        *rows = r;
+        *q = rq;
+        return true;
+    }
+    if (!in->sink_idx) {
+        in->sink_idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_tokens);
+        ggml_set_input(in->sink_idx);
+        ggml_set_name(in->sink_idx, "tq_sink_idx");
+    }
+    GGML_ASSERT(in->sink_idx->ne[0] == k_cur->ne[2]);
+    if (!ggml_is_contiguous(k_cur)) {
+        k_cur = ggml_cont(ctx, k_cur);
+    }
+    tq_sink_write(ctx, k_cur, in->sink_idx, r, rq, rows, q);
+    return true;
+}
+
 // The patch's call in build_attn after the mask is known: with the mean in RoPE's frame
 // (tq-kmean-rope.h) the per-key term q.R_p mu' goes back into attention: for few queries
 // through the turbo flash-attention tiles (flash_attn on, K and V turbo) or else a per-head
-// mask, for a prefill into K decoded to f32 (rot: the cache's rotation).
+// mask, for a prefill into K decoded to f32 (rot: the cache's rotation). Where the tiles run,
+// the first keys are kept exact (tq-sink.h): k_cur, the ubatch's K as the cache got it, goes
+// to their slots too, and the tiles and the prefill path read them.
 static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor ** kq_mask, ggml_tensor ** k,
                                     const ggml_tensor * v, bool flash_attn, const llama_kv_cache_context * mctx, int il,
-                                    float kq_scale, ggml_tensor * rot, int rope_type) {
+                                    float kq_scale, ggml_tensor * rot, int rope_type, ggml_tensor * k_cur) {
     const llama_kv_cache * kv = mctx->tq_kv();
     ggml_tensor * k_mean = mctx->tq_get_k_mean(il);
     tq_kmean_input * in = tq_kmean_rope_is(k_mean) ? tq_kmean_input_find(res, kv) : nullptr;
@@ -164,24 +204,31 @@ static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, 
     in->kv_streams = (*k)->ne[3];
     ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, (*k)->ne[2] * (*k)->ne[3], "tq_kmean_rope_kv");
     GGML_ASSERT(tab->ne[1] == (*k)->ne[2] * (*k)->ne[3]);
-    if (A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS) {
+    const bool tiles = flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type);
+    ggml_tensor * sink_rows = nullptr, * sink_q = nullptr;
+    const bool sink = tiles && tq_sink_graph(ctx, in, kv, il, k_cur, A->ne[2], &sink_rows, &sink_q);
+    const bool prefill = A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS;
+    if (in->pos_kv.size() <= (size_t) set) {
+        in->pos_kv.resize(set + 1, nullptr);
+        in->steps.resize(set + 1, nullptr);
+    }
+    if (!in->pos_kv[set] && (prefill ? sink : tiles)) { // an input the graph does not read would have no memory
+        in->pos_kv[set] = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, tab->ne[1]);
+        ggml_set_input(in->pos_kv[set]);
+        ggml_format_name(in->pos_kv[set], "tq_kmean_rope_pos_%d", set);
+    }
+    if (prefill) {
         const int64_t hd = (*k)->ne[0];
         ggml_tensor * mu = tq_kmean_view(ctx, k_mean, hd, (*k)->ne[1]);
-        *k = tq_rf_keys(ctx, *k, mu, tab, rot, rope_type != LLAMA_ROPE_TYPE_NORM, llama_mul_mat_hadamard);
-    } else if (flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type)) {
-        if (in->pos_kv.size() <= (size_t) set) {
-            in->pos_kv.resize(set + 1, nullptr);
-            in->steps.resize(set + 1, nullptr);
-        }
-        if (!in->pos_kv[set]) {
-            in->pos_kv[set] = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, tab->ne[1]);
+        *k = tq_rf_keys(ctx, *k, mu, tab, rot, rope_type != LLAMA_ROPE_TYPE_NORM, llama_mul_mat_hadamard,
+                        sink ? in->pos_kv[set] : nullptr, sink_rows, sink_q);
+    } else if (tiles) {
+        if (!in->steps[set]) {
             in->steps[set] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, tab->ne[0], TQ_FA_TERM_STEPS);
-            ggml_set_input(in->pos_kv[set]);
             ggml_set_input(in->steps[set]);
-            ggml_format_name(in->pos_kv[set], "tq_kmean_rope_pos_%d", set);
             ggml_format_name(in->steps[set], "tq_kmean_rope_steps_%d", set);
         }
-        *kq_mask = tq_rf_term_mask(ctx, *kq_mask, A, tab, in->pos_kv[set], in->steps[set]);
+        *kq_mask = tq_rf_term_mask(ctx, *kq_mask, A, tab, in->pos_kv[set], in->steps[set], sink_rows, sink_q);
     } else {
         *kq_mask = tq_rf_mask(ctx, *kq_mask, A, tab, kq_scale);
     }

@@ -10,6 +10,7 @@
 #include "tq-ggml.h"
 #include "tq-ggml-rows.h"
 #include "tq-kmean.h"
+#include "tq-test-util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,60 +23,7 @@
 
 namespace {
 
-struct Err {
-    char * buf;
-    size_t cap;
-    int fail(const char * fmt, ...) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(buf, cap, fmt, ap);
-        va_end(ap);
-        return 1;
-    }
-};
-
-struct Ctx {
-    ggml_context * ctx;
-    explicit Ctx(size_t mb) {
-        ggml_init_params p = { mb * 1024 * 1024, nullptr, false };
-        ctx = ggml_init(p);
-    }
-    ~Ctx() { ggml_free(ctx); }
-};
-
-std::vector<float> gaussian(size_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d(0.0f, scale);
-    std::vector<float> v(n);
-    for (auto & x : v) x = d(rng);
-    return v;
-}
-
-void compute(ggml_context * ctx, ggml_tensor * out, int threads = 2) {
-    ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, out);
-    ggml_graph_compute_with_ctx(ctx, gf, threads);
-}
-
-// Fill a tensor of any type from f32 values (quantizing through ggml's own traits).
-void fill(ggml_tensor * t, const std::vector<float> & v) {
-    if (t->type == GGML_TYPE_F32) {
-        memcpy(t->data, v.data(), v.size() * sizeof(float));
-    } else {
-        ggml_quantize_chunk(t->type, v.data(), t->data, 0, ggml_nrows(t), t->ne[0], nullptr);
-    }
-}
-
-// Decode any tensor to f32 values with ggml's to_float.
-std::vector<float> decode(const ggml_tensor * t) {
-    std::vector<float> out(ggml_nelements(t));
-    if (t->type == GGML_TYPE_F32) {
-        memcpy(out.data(), t->data, out.size() * sizeof(float));
-    } else {
-        ggml_get_type_traits(t->type)->to_float(t->data, out.data(), out.size());
-    }
-    return out;
-}
+using namespace tq_test;
 
 const ggml_type TURBO[5] = { GGML_TYPE_TURBO2, GGML_TYPE_TURBO3, GGML_TYPE_TURBO4, GGML_TYPE_TURBO3_TCQ, GGML_TYPE_TURBO2_TCQ };
 
