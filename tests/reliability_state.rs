@@ -57,7 +57,9 @@ fn refused(srv: &mut Server, slot: usize, name: &str, file: &str, log_says: &str
 }
 
 /// NaN mean (first and last layer), s = 0, s = 1e30, s = NaN, s = 9 (past the clamp), an
-/// unknown tag, the tag of the other mode, and a file cut inside the tag: each refused with
+/// unknown tag, the tag of the other mode, a NaN exact first key, an unknown tag or an
+/// impossible slot count where the exact first keys (tq-sink.h) should be, and a file cut
+/// inside the tag: each refused with
 /// 400 and its own log line, the server alive, and the slot then answers exactly as before
 /// (a poisoned mean would change or NaN every answer). s = 8, the clamp's edge, is taken.
 #[test]
@@ -97,7 +99,28 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
         other[st.tags[0]..st.tags[0] + 4].copy_from_slice(b"TQMF");
         let mut fitted = good.clone();
         fitted[st.tags[5]..st.tags[5] + 4].copy_from_slice(b"TQB2");
+        assert_eq!(st.sinks.len(), 30, "the exact first keys, every layer");
+        let (k0, k7) = (st.sinks[0], st.sinks[7]);
+        let mut no_sink = good.clone();
+        no_sink[k7..k7 + 4].copy_from_slice(b"TQS0");
+        let mut many = good.clone();
+        many[k0 + 4..k0 + 8].copy_from_slice(&100_000u32.to_le_bytes());
         vec![
+            (
+                "NaN exact first key, layer 0",
+                with(k0 + 16 + 4 * 3, f32::NAN),
+                "exact first key 0 is not finite",
+            ),
+            (
+                "unknown exact-first-keys tag, layer 7",
+                no_sink,
+                "expected the turbo exact first keys",
+            ),
+            (
+                "100000 exact-first-key slots",
+                many,
+                "exact first keys have 100000 slots",
+            ),
             (
                 "NaN mean, layer 0",
                 with(m0 + 4 * 5, f32::NAN),

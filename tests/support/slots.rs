@@ -101,11 +101,14 @@ pub struct TurboState {
     pub tags: Vec<usize>,
     /// f32 values after each tag: m (n), then s - 1 (n) with K/Q balancing
     pub n_values: usize,
+    /// offset of each layer's exact first keys (tag "TQS1", slot count u32, quantized row
+    /// bytes u64, the f32 rows, the rows in K's type), where the state has them
+    pub sinks: Vec<usize>,
 }
 
 /// Walks a slot file: server token header, then llama's seq state (stream count, cell
 /// count, cells of pos / n_seq_id / one seq id, v_trans, n_layer, then per layer: K type,
-/// K row size, the K rows, the turbo tag and values).
+/// K row size, the K rows, the turbo tag and values, the exact first keys).
 pub fn turbo_state_layout(f: &[u8]) -> TurboState {
     let n_tok = u32_at(f, 8);
     let kv = 12 + 4 * n_tok;
@@ -115,6 +118,7 @@ pub fn turbo_state_layout(f: &[u8]) -> TurboState {
     let n_layer = u32_at(f, o + 4);
     o += 8;
     let mut tags = Vec::new();
+    let mut sinks = Vec::new();
     let mut n_values = 0;
     for il in 0..n_layer {
         assert_eq!(u32_at(f, o), 98, "layer {il}: K type turbo4 at {o}");
@@ -131,6 +135,16 @@ pub fn turbo_state_layout(f: &[u8]) -> TurboState {
         n_values = if tag[2] == b'B' { 2 * n } else { n };
         tags.push(o);
         o += 4 + 4 * n_values;
+        if &f[o..o + 4] == b"TQS1" {
+            let slots = u32_at(f, o + 4);
+            let row_q = u64::from_le_bytes(f[o + 8..o + 16].try_into().unwrap()) as usize;
+            sinks.push(o);
+            o += 16 + slots * (4 * n + row_q);
+        }
     }
-    TurboState { tags, n_values }
+    TurboState {
+        tags,
+        n_values,
+        sinks,
+    }
 }
