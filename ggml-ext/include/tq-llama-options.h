@@ -82,6 +82,11 @@ inline int tq_llama_env_k_balance() {
     static const int v = tq_llama_env_switch("TQ_K_BALANCE");
     return v;
 }
+// the exact first keys (tq-sink.h): an environment switch only (no context option)
+inline int tq_llama_env_k_sink() {
+    static const int v = tq_llama_env_switch("TQ_K_SINK");
+    return v;
+}
 
 // A switch as a cache applies it: the context's choice, else the environment alias, else on.
 // why: set to what decided it, for the log.
