@@ -64,10 +64,9 @@ fn refused(srv: &mut Server, slot: usize, name: &str, file: &str, log_says: &str
 /// (a poisoned mean would change or NaN every answer). s = 8, the clamp's edge, is taken.
 #[test]
 fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
-    // the exact first keys are opt-in (tq-llama-kv-cache.inc); this test walks their state
-    std::env::set_var("TQ_K_SINK", "1");
     let dir = slot_dir("poison");
-    let mut srv = slot_server(&dir, 1, &[]);
+    // the exact first keys are opt-in (tq-llama-kv-cache.inc); this test walks their state
+    let mut srv = slot_server_env(&dir, 1, &[], &[("TQ_K_SINK", "1")]);
     let p = tokens(&srv, PROMPT_A);
     assert!(
         p.len() >= 32,

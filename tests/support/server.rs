@@ -41,6 +41,11 @@ pub struct Server {
 impl Server {
     /// llama-server on the default model with `args` added (cache types etc.).
     pub fn start(args: &[&str]) -> Server {
+        Server::start_env(args, &[])
+    }
+
+    /// The same with `env` set for this server only (a test's threads share the process's).
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         for _ in 0..3 {
             let port = free_port();
             let log = std::env::temp_dir().join(format!("tq-rel-server-{port}.log"));
@@ -58,6 +63,7 @@ impl Server {
                     "1",
                 ])
                 .args(args)
+                .envs(env.iter().copied())
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(&log).unwrap()) // nobody drains a pipe
                 .spawn()

@@ -19,6 +19,11 @@ pub fn slot_dir(tag: &str) -> PathBuf {
 
 /// llama-server with turbo caches, `np` slots of 1024 tokens, slot files in `dir`.
 pub fn slot_server(dir: &Path, np: usize, more: &[&str]) -> Server {
+    slot_server_env(dir, np, more, &[])
+}
+
+/// `slot_server` with `env` set for the server (e.g. TQ_K_SINK=1, the opt-in exact first keys).
+pub fn slot_server_env(dir: &Path, np: usize, more: &[&str], env: &[(&str, &str)]) -> Server {
     let c = (1024 * np).to_string();
     let np = np.to_string();
     let mut a: Vec<&str> = TURBO.to_vec();
@@ -33,7 +38,7 @@ pub fn slot_server(dir: &Path, np: usize, more: &[&str]) -> Server {
         dir.to_str().unwrap(),
     ]);
     a.extend(more);
-    Server::start(&a)
+    Server::start_env(&a, env)
 }
 
 pub fn tokens(srv: &Server, text: &str) -> Vec<u64> {
