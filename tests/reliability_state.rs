@@ -58,14 +58,15 @@ fn refused(srv: &mut Server, slot: usize, name: &str, file: &str, log_says: &str
 
 /// NaN mean (first and last layer), s = 0, s = 1e30, s = NaN, s = 9 (past the clamp), an
 /// unknown tag, the tag of the other mode, a NaN exact first key, an unknown tag or an
-/// impossible slot count where the exact first keys (tq-sink.h) should be, and a file cut
+/// impossible entry count where the exact first keys (tq-sink.h) should be, an exact key
+/// for a cell that is not at position 0, and a file cut
 /// inside the tag: each refused with
 /// 400 and its own log line, the server alive, and the slot then answers exactly as before
 /// (a poisoned mean would change or NaN every answer). s = 8, the clamp's edge, is taken.
 #[test]
 fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
     let dir = slot_dir("poison");
-    // the exact first keys are opt-in (tq-llama-kv-cache.inc); this test walks their state
+    // the exact first keys are on by default; set here too, since this test walks their state
     let mut srv = slot_server_env(&dir, 1, &[], &[("TQ_K_SINK", "1")]);
     let p = tokens(&srv, PROMPT_A);
     assert!(
@@ -104,12 +105,15 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
         let (k0, k7) = (st.sinks[0], st.sinks[7]);
         let mut no_sink = good.clone();
         no_sink[k7..k7 + 4].copy_from_slice(b"TQS0");
+        assert_eq!(u32_at(&good, k0 + 4), 1, "one exact first key: the slot's cell 0");
         let mut many = good.clone();
         many[k0 + 4..k0 + 8].copy_from_slice(&100_000u32.to_le_bytes());
+        let mut not_first = good.clone();
+        not_first[k0 + 16..k0 + 20].copy_from_slice(&1u32.to_le_bytes());
         vec![
             (
                 "NaN exact first key, layer 0",
-                with(k0 + 16 + 4 * 3, f32::NAN),
+                with(k0 + 20 + 4 * 3, f32::NAN),
                 "exact first key 0 is not finite",
             ),
             (
@@ -118,9 +122,14 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
                 "expected the turbo exact first keys",
             ),
             (
-                "100000 exact-first-key slots",
+                "exact first keys for 100000 cells",
                 many,
-                "exact first keys have 100000 slots",
+                "exact first keys for 100000 cells",
+            ),
+            (
+                "an exact first key for a cell past position 0",
+                not_first,
+                "not at position 0",
             ),
             (
                 "NaN mean, layer 0",
@@ -380,5 +389,39 @@ fn restore_refuses_a_state_saved_with_other_k_mean_or_balance_options() {
         );
         eprintln!("{args:?} {env:?}: refused at start-up");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The exact first key (tq-sink.h) travels with its sequence: slot 0 saved, both slots then
+/// given other prompts (other first tokens: no slot of the exact first keys is free), the
+/// file restored into slot 1 continues exactly as slot 0 did right after the save, and
+/// still does after slot 0 takes yet another prompt. A restore that dropped the key, or put
+/// it in a slot another sequence writes, would continue with the decoded first key.
+#[test]
+fn a_slot_restored_into_another_slot_continues_as_the_saved_one() {
+    let dir = slot_dir("cross");
+    let srv = slot_server_env(&dir, 2, &[], &[("TQ_K_SINK", "1")]);
+    let p = tokens(&srv, PROMPT_A);
+    let b = tokens(&srv, PROMPT_B);
+    let c = tokens(&srv, "Dear committee, thank you for the invitation to speak");
+    assert!(p[0] != b[0] && p[0] != c[0] && b[0] != c[0], "three first tokens");
+    let first = complete(&srv, 0, &p, 8);
+    // slot 1 stays busy from here on: the cache never empties, so the K mean slot 0's
+    // prompt set stays (a restore into a busy cache needs the same mean)
+    complete(&srv, 1, &c, 4);
+    slot_ok(&srv, 0, "save", "a.bin");
+    let cont: Vec<u64> = p.iter().chain(&first.tokens).copied().collect();
+    let want = complete(&srv, 0, &cont, 12);
+    assert!(want.prompt_n < 4, "slot 0 reused its cache ({})", want.prompt_n);
+    complete(&srv, 0, &b, 4);
+    slot_ok(&srv, 1, "restore", "a.bin");
+    for when in ["after the restore", "after slot 0 took another prompt"] {
+        let got = complete(&srv, 1, &cont, 12);
+        assert!(got.prompt_n < 4, "{when}: restored cache not used ({})", got.prompt_n);
+        assert_eq!(got.tokens, want.tokens, "{when}: slot 1 does not continue as slot 0 did");
+        complete(&srv, 0, &c, 4);
+    }
+    let mut srv = srv;
+    srv.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -26,9 +26,9 @@
  * cells hold consecutive positions (one sequence's cells, the usual case) reads T once and
  * the small U, which stays in L1. Other tiles read T's rows.
  *
- * Two more, optional: src[5], src[6] = the exact first keys' slots (tq-sink.h), f32 rows
- * and their copy in K's type; a decoded cell at position 0 whose bytes match a slot's takes
- * the slot's row instead (they need P).
+ * Three more, optional: src[5], src[6] = the exact first keys' slots (tq-sink.h), f32 rows
+ * and their copy in K's type, and src[7] = S, i32 [n_kv * ns], each cell's slot (-1: none);
+ * a decoded cell whose bytes match its slot's takes the slot's row instead.
  */
 #ifndef TQ_FA_TERM_H
 #define TQ_FA_TERM_H
@@ -51,11 +51,12 @@ typedef struct {
     const int32_t *P; /* cell j's position, or NULL (then every tile reads T's rows) */
     const float *U;   /* row r: hd floats for position r; NULL with P */
     tq_sink_t sink;   /* the exact first keys (n_slots 0: none) */
+    const int32_t *S; /* cell j's slot of them (-1: none), with sink */
     int64_t hd, n_cells, n_head, n_tokens;
 } tq_fa_term_t;
 
 static inline tq_fa_term_t tq_fa_term_of(const struct ggml_tensor *mask) {
-    tq_fa_term_t t = { 0, NULL, NULL, NULL, NULL, { NULL, NULL, 0, 0, 0 }, 0, 0, 0, 0 };
+    tq_fa_term_t t = { 0, NULL, NULL, NULL, NULL, { NULL, NULL, 0, 0, 0 }, NULL, 0, 0, 0, 0 };
     if (!mask || mask->op != GGML_OP_VIEW || mask->op_params[TQ_FA_TERM_SLOT] != TQ_FA_TERM_MAGIC) return t;
     t.marked = 1;
     const struct ggml_tensor *T = mask->src[1], *A = mask->src[2];
@@ -73,9 +74,14 @@ static inline tq_fa_term_t tq_fa_term_of(const struct ggml_tensor *mask) {
         t.P = (const int32_t *) P->data;
         t.U = (const float *) U->data;
     }
-    if (mask->src[5] || mask->src[6]) {
+    if (mask->src[5] || mask->src[6] || mask->src[7]) {
+        const struct ggml_tensor *S = mask->src[7];
         t.sink = tq_sink_of(mask->src[5], mask->src[6]);
-        if (!t.P || t.sink.n_slots == 0 || t.sink.row_f % T->ne[0] != 0) return t;
+        if (t.sink.n_slots == 0 || t.sink.row_f % T->ne[0] != 0 || !S || S->type != GGML_TYPE_I32 ||
+            !ggml_is_contiguous(S) || ggml_nelements(S) != T->ne[1]) {
+            return t;
+        }
+        t.S = (const int32_t *) S->data;
     }
     t.T = (const float *) T->data;
     t.A = (const float *) A->data;
@@ -87,20 +93,22 @@ static inline tq_fa_term_t tq_fa_term_of(const struct ggml_tensor *mask) {
 }
 
 /* One K stream's view of the term: its cells' rows of T and P (P, U NULL: T's rows only),
-   and for KV head `head` (head_bytes per stored key) the exact first keys (NULL: none). */
+   and for KV head `head` (head_bytes per stored key) the exact first keys (NULL: none) with
+   the cells' slots S. */
 typedef struct {
     const float *T;
     const int32_t *P;
     const float *U;
     const tq_sink_t *sink;
+    const int32_t *S;
     int64_t head;
     size_t head_bytes;
 } tq_fa_term_cells_t;
 
 /* The exact row of cell c (stored key kb) where the sink rule gives one (tq-sink.h), or NULL. */
 static inline const float *tq_fa_term_sink(const tq_fa_term_cells_t *tc, int64_t c, const void *kb, int64_t DK) {
-    if (!tc || !tc->sink || !tc->P || tc->P[c] != 0) return NULL;
-    return tq_sink_find(tc->sink, kb, tc->head_bytes, tc->head, DK);
+    if (!tc || !tc->sink || !tc->S || tc->S[c] < 0) return NULL;
+    return tq_sink_find(tc->sink, tc->S[c], kb, tc->head_bytes, tc->head, DK);
 }
 
 /* Whether cells [start, start + n) hold consecutive positions, so that U can stand in for

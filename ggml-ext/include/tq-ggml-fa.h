@@ -604,7 +604,8 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         /* the per-key term's rows for this K stream's cells, and this query's coefficients */
         const float *tt = term.T ? term.T + (int64_t) ik3 * k->ne[1] * DK : NULL;
         const tq_fa_term_cells_t tc = { tt, term.P ? term.P + (int64_t) ik3 * k->ne[1] : NULL, term.U,
-                                        term.sink.n_slots ? &term.sink : NULL, ik2, head_bytes };
+                                        term.sink.n_slots ? &term.sink : NULL,
+                                        term.S ? term.S + (int64_t) ik3 * k->ne[1] : NULL, ik2, head_bytes };
 
         if (decoded) {
             const int64_t lead = ir - (int64_t) (iq2 % g) * neq1;

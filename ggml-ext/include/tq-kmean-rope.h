@@ -247,7 +247,7 @@ static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, g
    for this ubatch (tq-sink.h), or NULL. */
 static inline ggml_tensor * tq_rf_term_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T,
                                             ggml_tensor * P, ggml_tensor * U, ggml_tensor * sink_rows = nullptr,
-                                            ggml_tensor * sink_q = nullptr) {
+                                            ggml_tensor * sink_q = nullptr, ggml_tensor * sink_cells = nullptr) {
     GGML_ASSERT(A->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && A->ne[0] == T->ne[0]);
     GGML_ASSERT(P->type == GGML_TYPE_I32 && P->ne[0] == T->ne[1] && U->type == GGML_TYPE_F32 && U->ne[0] == T->ne[0] &&
                 U->ne[1] == TQ_FA_TERM_STEPS);
@@ -260,6 +260,7 @@ static inline ggml_tensor * tq_rf_term_mask(ggml_context * ctx, ggml_tensor * ma
     m->src[4] = U;
     m->src[5] = sink_rows;
     m->src[6] = sink_q;
+    m->src[7] = sink_cells;
     // the graph allocator frees a tensor once its last consumer ran, and the consumer it sees
     // here is this view, not the flash attention that reads T and A through it: without the
     // output mark their memory could go to a later node before the kernel reads them (measured:
@@ -268,18 +269,21 @@ static inline ggml_tensor * tq_rf_term_mask(ggml_context * ctx, ggml_tensor * ma
     ggml_set_output(m->src[2]);
     ggml_set_output(P);
     ggml_set_output(U);
+    if (sink_cells) {
+        ggml_set_output(sink_cells);
+    }
     m->op_params[TQ_FA_TERM_SLOT] = TQ_FA_TERM_MAGIC;
     return m;
 }
 
 /* Prefill: the cache's keys k [hd, nkv, n_kv, ns] (the cache's type, rotated) as f32 with
    R_p mu' added back per cell (rotated by rot, the cache's rotation, when there is one).
-   With the exact first keys' slots (tq-sink.h; P the cells' positions) a matching cell's
-   decoded rows are its slot's. */
+   With the exact first keys' slots (tq-sink.h; S each cell's slot) a matching cell's decoded
+   rows are its slot's. */
 static inline ggml_tensor * tq_rf_keys(ggml_context * ctx, ggml_tensor * k, ggml_tensor * mu, ggml_tensor * T,
                                        ggml_tensor * rot, bool neox,
                                        ggml_tensor * (*rotate)(ggml_context *, ggml_tensor *, ggml_tensor *),
-                                       ggml_tensor * P = nullptr, ggml_tensor * sink_rows = nullptr,
+                                       ggml_tensor * S = nullptr, ggml_tensor * sink_rows = nullptr,
                                        ggml_tensor * sink_q = nullptr) {
     GGML_ASSERT(k->ne[2] * k->ne[3] == T->ne[1]); // ne[3]: the view's streams, T's column blocks
     ggml_tensor * rm = tq_rf_rotate_mean(ctx, mu, T, neox); // [hd, nkv, n_kv ns], channel frame
@@ -287,8 +291,8 @@ static inline ggml_tensor * tq_rf_keys(ggml_context * ctx, ggml_tensor * k, ggml
         rm = rotate(ctx, rm, rot);
     }
     ggml_tensor * k32 = ggml_cast(ctx, k, GGML_TYPE_F32);
-    if (P && sink_rows && sink_q) {
-        k32 = tq_sink_keys(ctx, k32, k, P, sink_rows, sink_q);
+    if (S && sink_rows && sink_q) {
+        k32 = tq_sink_keys(ctx, k32, k, S, sink_rows, sink_q);
     }
     return ggml_add(ctx, k32, ggml_reshape_4d(ctx, rm, k->ne[0], k->ne[1], k->ne[2], k->ne[3]));
 }

@@ -35,9 +35,18 @@ public:
             const int64_t n_slots = kv->tq_sink_slots();
             std::vector<int64_t> idx(ubatch->n_tokens);
             for (uint32_t j = 0; j < ubatch->n_tokens; ++j) {
-                idx[j] = tq_sink_slot(ubatch->pos[j], ubatch->n_seq_id[j] > 0 ? ubatch->seq_id[j][0] : -1, n_slots);
+                // a token of several sequences writes the lowest one's slot: the kernels take
+                // the lowest slot whose bytes match (tq-sink.h)
+                llama_seq_id s = ubatch->n_seq_id[j] > 0 ? ubatch->seq_id[j][0] : -1;
+                for (int32_t k = 1; k < ubatch->n_seq_id[j]; ++k) {
+                    s = std::min(s, ubatch->seq_id[j][k]);
+                }
+                idx[j] = tq_sink_slot(ubatch->pos[j], s, n_slots);
             }
             ggml_backend_tensor_set(sink_idx, idx.data(), 0, ggml_nbytes(sink_idx));
+        }
+        if (sink_cells) {
+            kv->tq_sink_fill_cells(*ubatch, sink_cells, kv_streams);
         }
         for (size_t i = 0; i < tab_ub.size(); ++i) {
             kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i], tab_kv[i], kv_streams, i < pos_kv.size() ? pos_kv[i] : nullptr,
@@ -64,6 +73,7 @@ public:
     int64_t kv_streams = 1;
     std::vector<ggml_tensor *> coeffs;
     ggml_tensor * sink_idx = nullptr; // i64 [n_tokens]: each token's slot of the exact first keys
+    ggml_tensor * sink_cells = nullptr; // i32 [n_kv * the view's streams]: each cell's slot (-1: none)
 };
 
 // The position table of RoPE frequency set `set` for n columns (ubatch tokens or cells).
@@ -212,23 +222,30 @@ static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, 
         in->pos_kv.resize(set + 1, nullptr);
         in->steps.resize(set + 1, nullptr);
     }
-    if (!in->pos_kv[set] && (prefill ? sink : tiles)) { // an input the graph does not read would have no memory
+    if (!in->pos_kv[set] && !prefill && tiles) { // an input the graph does not read would have no memory
         in->pos_kv[set] = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, tab->ne[1]);
         ggml_set_input(in->pos_kv[set]);
         ggml_format_name(in->pos_kv[set], "tq_kmean_rope_pos_%d", set);
     }
+    if (sink && !in->sink_cells) {
+        in->sink_cells = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, tab->ne[1]);
+        ggml_set_input(in->sink_cells);
+        ggml_set_name(in->sink_cells, "tq_sink_cells");
+    }
+    GGML_ASSERT(!sink || in->sink_cells->ne[0] == tab->ne[1]);
     if (prefill) {
         const int64_t hd = (*k)->ne[0];
         ggml_tensor * mu = tq_kmean_view(ctx, k_mean, hd, (*k)->ne[1]);
         *k = tq_rf_keys(ctx, *k, mu, tab, rot, rope_type != LLAMA_ROPE_TYPE_NORM, llama_mul_mat_hadamard,
-                        sink ? in->pos_kv[set] : nullptr, sink_rows, sink_q);
+                        sink ? in->sink_cells : nullptr, sink_rows, sink_q);
     } else if (tiles) {
         if (!in->steps[set]) {
             in->steps[set] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, tab->ne[0], TQ_FA_TERM_STEPS);
             ggml_set_input(in->steps[set]);
             ggml_format_name(in->steps[set], "tq_kmean_rope_steps_%d", set);
         }
-        *kq_mask = tq_rf_term_mask(ctx, *kq_mask, A, tab, in->pos_kv[set], in->steps[set], sink_rows, sink_q);
+        *kq_mask = tq_rf_term_mask(ctx, *kq_mask, A, tab, in->pos_kv[set], in->steps[set], sink_rows, sink_q,
+                                   sink ? in->sink_cells : nullptr);
     } else {
         *kq_mask = tq_rf_mask(ctx, *kq_mask, A, tab, kq_scale);
     }

@@ -10,25 +10,31 @@
  *
  * What is kept: per layer, slot rows of the K the cache is given (after the K mean and
  * balancing, rotated: what the cache quantizes), f32 [n_embd_k_gqa, n_seq_max + 1], and the
- * same rows quantized to K's type. A ubatch's token at position 0 of sequence s writes slot s
- * (ggml_set_rows, the op llama stores K with, so the quantized copy is byte for byte the
- * cell's); every other token writes the last row, which is never read.
+ * same rows quantized to K's type. A ubatch's token at position 0 writes the slot of its
+ * (lowest) sequence s (ggml_set_rows, the op llama stores K with, so the quantized copy is
+ * byte for byte the cell's); every other token writes the last row, which is never read.
+ * seq_cp copies a slot with the first key it copies, and a restore writes the saved exact
+ * key into the slot of the sequence it restores (tq-llama-kv-cache.inc).
  *
- * Which cells use it (the match rule): a cell whose position is 0 and whose stored bytes of
- * KV head h equal slot j's bytes of head h takes slot j's exact f32 row for that head. The
- * rule checks content, not bookkeeping, so nothing else has to follow the slots: a cell
- * emptied and refilled, moved by a K shift (re-quantized: other bytes), copied to another
- * sequence or stream (same bytes, same key), or restored from saved state either matches a
- * slot holding its own key or falls back to its decoded key, which is what attention used
- * before. Two different keys with equal bytes would swap exact rows whose difference is below
- * the code's resolution.
+ * Which cells use it (the match rule): the host gives each cell in view its slot, that of
+ * its lowest sequence where the cell is at position 0, else none (-1); a cell whose stored
+ * bytes of KV head h equal its slot's bytes of head h takes that slot's exact f32 row for the
+ * head, and otherwise its decoded key, which is what attention used before. The bytes guard
+ * against what the bookkeeping does not follow: a cell emptied and refilled, moved by a K
+ * shift (re-quantized: other bytes), or a slot since taken by a new first token. Only the own
+ * slot counts: the first keys of different prompts can quantize to the same bytes (on
+ * SmolLM2 they do in one layer of 30, where the first token's state hardly depends on the
+ * token) and still differ, so taking any slot with those bytes would make one sequence's
+ * attention depend on another's.
  *
  * Where it applies: the paths that see decoded keys next to the cells' positions, i.e. the
  * mean in RoPE's frame (tq-kmean-rope.h) with CPU flash attention over turbo K and V: the
  * decode tiles (tq-ggml-fa.h) and, for the same configuration, the prefill path that decodes
  * K to f32 (tq_rf_keys); a decode through a per-head mask (flash attention off) and the
  * fitted mean keep the decoded key, and so does a prefill beside them, so that a sequence
- * gets the same keys however its tokens were batched.
+ * gets the same keys however its tokens were batched. For the same reason a first ubatch of
+ * fewer than TQ_KMEAN_MIN_TOKENS into an empty cache runs as KEEP over m = 0, s = 1 while the
+ * slots are on (tq_kmean_prepare): the ZERO graph would neither write nor read them.
  */
 #ifndef TQ_SINK_H
 #define TQ_SINK_H
@@ -63,13 +69,13 @@ static inline tq_sink_t tq_sink_of(const struct ggml_tensor *rows, const struct 
     return s;
 }
 
-/* The exact row (DK floats) of KV head h of a cell at position 0 whose stored bytes kb
-   (head_bytes of them) equal a slot's, or NULL. */
-static inline const float *tq_sink_find(const tq_sink_t *s, const void *kb, size_t head_bytes, int64_t h, int64_t DK) {
-    for (int64_t j = 0; s && j < s->n_slots; ++j) {
-        if (memcmp(s->q + j * s->row_q + h * head_bytes, kb, head_bytes) == 0) return s->rows + j * s->row_f + h * DK;
-    }
-    return NULL;
+/* The exact row (DK floats) of KV head h of a cell whose slot is j (the cells' slots: see
+   above; j < 0 or past the slots: none) when its stored bytes kb (head_bytes of them) equal
+   the slot's, or NULL. */
+static inline const float *tq_sink_find(const tq_sink_t *s, int64_t j, const void *kb, size_t head_bytes, int64_t h,
+                                        int64_t DK) {
+    if (!s || j < 0 || j >= s->n_slots || memcmp(s->q + j * s->row_q + h * head_bytes, kb, head_bytes) != 0) return NULL;
+    return s->rows + j * s->row_f + h * DK;
 }
 
 #ifdef __cplusplus
@@ -94,30 +100,30 @@ static inline void tq_sink_write(ggml_context * ctx, ggml_tensor * k_cur, ggml_t
 static inline void tq_sink_keys_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
     // src[0]: K as f32 [hd, nkv, n_kv, ns] (dst is its view), src[1]: K in the cache's type,
-    // the same shape; src[2]: the cells' positions i32 [n_kv ns]; src[3], src[4]: the slots
-    const ggml_tensor * kq = dst->src[1], * P = dst->src[2];
+    // the same shape; src[2]: the cells' slots i32 [n_kv ns] (-1: none); src[3], src[4]: the slots
+    const ggml_tensor * kq = dst->src[1], * S = dst->src[2];
     const tq_sink_t s = tq_sink_of(dst->src[3], dst->src[4]);
     const int64_t hd = dst->ne[0], nkv = dst->ne[1], n_kv = dst->ne[2], ns = dst->ne[3];
     const size_t head_bytes = ggml_row_size(kq->type, hd);
-    const int32_t * pos = (const int32_t *) P->data;
+    const int32_t * slot = (const int32_t *) S->data;
     for (int64_t r = ith; r < n_kv * ns; r += nth) {
-        if (pos[r] != 0) continue;
+        if (slot[r] < 0) continue;
         const int64_t c = r % n_kv, st = r / n_kv;
         for (int64_t h = 0; h < nkv; ++h) {
             const char * kb = (const char *) kq->data + h * kq->nb[1] + c * kq->nb[2] + st * kq->nb[3];
-            const float * x = tq_sink_find(&s, kb, head_bytes, h, hd);
+            const float * x = tq_sink_find(&s, slot[r], kb, head_bytes, h, hd);
             if (x) memcpy((char *) dst->data + h * dst->nb[1] + c * dst->nb[2] + st * dst->nb[3], x, hd * sizeof(float));
         }
     }
 }
 
 /* Prefill: k32 (the cache's keys k decoded to f32, contiguous) with every matching cell's
-   rows replaced by its slot's (the rule above). P: the cells' positions [n_kv ns]. */
-static inline ggml_tensor * tq_sink_keys(ggml_context * ctx, ggml_tensor * k32, ggml_tensor * k, ggml_tensor * P,
+   rows replaced by its slot's (the rule above). S: the cells' slots [n_kv ns]. */
+static inline ggml_tensor * tq_sink_keys(ggml_context * ctx, ggml_tensor * k32, ggml_tensor * k, ggml_tensor * S,
                                          ggml_tensor * rows, ggml_tensor * q) {
     GGML_ASSERT(k32->type == GGML_TYPE_F32 && ggml_is_contiguous(k32) && ggml_are_same_shape(k32, k) &&
-                P->type == GGML_TYPE_I32 && ggml_nelements(P) == k->ne[2] * k->ne[3] && k->nb[0] == ggml_type_size(k->type));
-    ggml_tensor * args[4] = { k, P, rows, q };
+                S->type == GGML_TYPE_I32 && ggml_nelements(S) == k->ne[2] * k->ne[3] && k->nb[0] == ggml_type_size(k->type));
+    ggml_tensor * args[4] = { k, S, rows, q };
     return ggml_custom_inplace(ctx, k32, args, 4, tq_sink_keys_op, GGML_N_TASKS_MAX, nullptr);
 }
 

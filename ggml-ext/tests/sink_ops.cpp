@@ -16,10 +16,12 @@ using namespace tq_test;
 namespace {
 
 // head size hd, 2 KV heads of 3 query heads each, nt cells (more than one tile), 2 queries.
-// Cells 0, 5 and 9 hold position 0 (three sequences of one cache): cell 0's keys are in slot
-// 0 (both heads match), cell 5's head 0 in slot 2 (its head 1 there is another key, so only
-// head 0 matches), cell 9's only in the last, write-only row (no match). Cell 0's key is
-// large and the queries lean on it, as on a real attention sink.
+// Cells 0, 5, 9 and 20 hold position 0 (four sequences of one cache), each with its slot:
+// cell 0's keys are in slot 0 (both heads match), cell 5's head 0 in slot 2 (its head 1 there
+// is another key, so only head 0 matches), cell 9's slot is the last, write-only row (none),
+// and cell 20 holds cell 0's key but its own slot 1 another: it keeps its decoded key though
+// slot 0 has its bytes (two sequences' first keys can quantize alike and still differ).
+// Cell 0's key is large and the queries lean on it, as on a real attention sink.
 int sink_case(Err & err, int64_t hd, ggml_type kt, ggml_type vt) {
     const int64_t nkv = 2, g = 3, nq = nkv * g, nt = 40, nqt = 2, n = hd * nkv, n_slots = 3;
     Ctx c(64 + (size_t) (hd / 64) * 16);
@@ -27,6 +29,7 @@ int sink_case(Err & err, int64_t hd, ggml_type kt, ggml_type vt) {
     // a few logits above the rest (q.k0 / sqrt(hd) about 3-5), not all of the weight
     const float lean = 1.2f / std::sqrt((float) hd);
     for (int64_t d = 0; d < n; ++d) kx[d] *= 2.0f;
+    memcpy(&kx[20 * n], &kx[0], n * sizeof(float));
     for (int64_t h = 0; h < nq; ++h)
         for (int64_t t = 0; t < nqt; ++t)
             for (int64_t d = 0; d < hd; ++d) qx[(h * nqt + t) * hd + d] += lean * kx[(h / g) * hd + d];
@@ -62,12 +65,16 @@ int sink_case(Err & err, int64_t hd, ggml_type kt, ggml_type vt) {
     std::vector<float> kdec = decode(kc), kref = kdec;
     memcpy(&kref[0 * n], &kx[0 * n], n * sizeof(float));
     memcpy(&kref[5 * n], &kx[5 * n], hd * sizeof(float));
-    ggml_tensor * P = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt);
-    for (int64_t i = 0; i < nt; ++i) ((int32_t *) P->data)[i] = i == 0 || i == 5 || i == 9 ? 0 : (int32_t) i;
+    ggml_tensor * P = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt), * S = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt);
+    for (int64_t i = 0; i < nt; ++i) {
+        const bool first = i == 0 || i == 5 || i == 9 || i == 20;
+        ((int32_t *) P->data)[i] = first ? 0 : (int32_t) i;
+        ((int32_t *) S->data)[i] = i == 0 ? 0 : i == 5 ? 2 : i == 9 ? 3 : i == 20 ? 1 : -1;
+    }
 
     // (1) prefill: the cache's view [hd, nkv, n_kv, 1] decoded, the matching rows replaced
     ggml_tensor * kview = ggml_view_4d(c.ctx, kc, hd, nkv, nt, 1, ggml_row_size(kt, hd), kc->nb[1], kc->nb[1] * nt, 0);
-    ggml_tensor * k32 = tq_sink_keys(c.ctx, ggml_cast(c.ctx, kview, GGML_TYPE_F32), kview, P, rows_w, rq_w);
+    ggml_tensor * k32 = tq_sink_keys(c.ctx, ggml_cast(c.ctx, kview, GGML_TYPE_F32), kview, S, rows_w, rq_w);
     compute(c.ctx, k32);
     const std::vector<float> pre = decode(k32);
     if (memcmp(pre.data(), kref.data(), kref.size() * sizeof(float)) != 0) {
@@ -116,7 +123,7 @@ int sink_case(Err & err, int64_t hd, ggml_type kt, ggml_type vt) {
     const double off_plain = off(attn(fa_view(kc, kt), fa_view(vc, vt), tq_rf_term_mask(c.ctx, mask, A, T, P, U)));
     for (int tile : { 2, 1, 0 }) { // shared GQA tiles (or the fused row past their head size), per head, per key
         tq_ggml_set_fa_tile(tile);
-        const double worst = off(attn(fa_view(kc, kt), fa_view(vc, vt), tq_rf_term_mask(c.ctx, mask, A, T, P, U, rows_w, rq_w)));
+        const double worst = off(attn(fa_view(kc, kt), fa_view(vc, vt), tq_rf_term_mask(c.ctx, mask, A, T, P, U, rows_w, rq_w, S)));
         // measured (hd 64 / 128 / 512): at most 3.3e-7 / 6.6e-7 / 1.0e-6 with the slots, and
         // 0.18 / 0.30 / 0.30 without them
         if (worst > 5e-6 || off_plain < 0.05) {

@@ -22,7 +22,7 @@ pub fn slot_server(dir: &Path, np: usize, more: &[&str]) -> Server {
     slot_server_env(dir, np, more, &[])
 }
 
-/// `slot_server` with `env` set for the server (e.g. TQ_K_SINK=1, the opt-in exact first keys).
+/// `slot_server` with `env` set for the server (e.g. TQ_K_SINK=1: the exact first keys whatever the caller's environment says).
 pub fn slot_server_env(dir: &Path, np: usize, more: &[&str], env: &[(&str, &str)]) -> Server {
     let c = (1024 * np).to_string();
     let np = np.to_string();
@@ -106,8 +106,9 @@ pub struct TurboState {
     pub tags: Vec<usize>,
     /// f32 values after each tag: m (n), then s - 1 (n) with K/Q balancing
     pub n_values: usize,
-    /// offset of each layer's exact first keys (tag "TQS1", slot count u32, quantized row
-    /// bytes u64, the f32 rows, the rows in K's type), where the state has them
+    /// offset of each layer's exact first keys (tag "TQS2", entry count u32, floats per
+    /// row u64, then per entry the saved cell's index u32 and its f32 row), where the state
+    /// has them
     pub sinks: Vec<usize>,
 }
 
@@ -140,11 +141,12 @@ pub fn turbo_state_layout(f: &[u8]) -> TurboState {
         n_values = if tag[2] == b'B' { 2 * n } else { n };
         tags.push(o);
         o += 4 + 4 * n_values;
-        if &f[o..o + 4] == b"TQS1" {
-            let slots = u32_at(f, o + 4);
-            let row_q = u64::from_le_bytes(f[o + 8..o + 16].try_into().unwrap()) as usize;
+        if &f[o..o + 4] == b"TQS2" {
+            let entries = u32_at(f, o + 4);
+            let row_f = u64::from_le_bytes(f[o + 8..o + 16].try_into().unwrap()) as usize;
+            assert_eq!(row_f, n, "layer {il}: an exact first key has n_embd_k_gqa floats");
             sinks.push(o);
-            o += 16 + slots * (4 * n + row_q);
+            o += 16 + entries * (4 + 4 * row_f);
         }
     }
     TurboState {
