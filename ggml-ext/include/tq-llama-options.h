@@ -88,10 +88,10 @@ inline int tq_llama_env_k_sink() {
     return v;
 }
 
-// A switch as a cache applies it: the context's choice, else the environment alias, else
-// dflt (on unless the switch is opt-in). why: set to what decided it, for the log.
+// A switch as a cache applies it: the context's choice, else the environment alias, else on.
+// why: set to what decided it, for the log.
 static inline bool tq_llama_switch_resolve(int8_t opt, int env, const char * env_name, const char * option,
-                                           const char ** why, bool dflt = true) {
+                                           const char ** why) {
     if (opt == TQ_LLAMA_ON || opt == TQ_LLAMA_OFF) {
         *why = option;
         return opt == TQ_LLAMA_ON;
@@ -108,7 +108,7 @@ static inline bool tq_llama_switch_resolve(int8_t opt, int env, const char * env
         return env == TQ_LLAMA_ON;
     }
     *why = "default";
-    return dflt;
+    return true;
 }
 
 // The options of the context whose memory is being created on this thread (see the top).
