@@ -4,6 +4,8 @@
 //! The restore path (tq-llama-kv-cache.inc) refuses non-finite values, an s outside the
 //! writer's clamp [1/8, 8], an unknown tag, and a mean that differs from the one a busy
 //! cache uses; llama-server answers 400 and the cache keeps answering as before.
+//! Each sequence's exact first key (tq-sink.h) follows it through a restore into another
+//! slot and through `seq_cp` (llama-server's `n_cmpl` children).
 //! Figures in docs/RELIABILITY.md.
 
 mod support;
@@ -421,7 +423,33 @@ fn a_slot_restored_into_another_slot_continues_as_the_saved_one() {
         assert_eq!(got.tokens, want.tokens, "{when}: slot 1 does not continue as slot 0 did");
         complete(&srv, 0, &c, 4);
     }
-    let mut srv = srv;
+    srv.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `n_cmpl` children get their parent's cells through `seq_cp`, and with them its exact first
+/// key (tq-sink.h: the copy goes to the child's slot). After both slots held another prompt,
+/// a request for two greedy completions answers twice what a lone request answered; a child
+/// that kept its slot's stale key would attend with its decoded first key.
+#[test]
+fn n_cmpl_children_answer_as_a_lone_request() {
+    let dir = slot_dir("ncmpl");
+    let srv = slot_server_env(&dir, 2, &[], &[("TQ_K_SINK", "1")]);
+    let p = tokens(&srv, PROMPT_A);
+    let alone = complete(&srv, 0, &p, 16);
+    // both slots take another prompt, slot 1 first: the cache never empties, so the K mean
+    // that the first prompt set stays
+    let c = tokens(&srv, "Dear committee, thank you for the invitation to speak");
+    complete(&srv, 1, &c, 4);
+    complete(&srv, 0, &c, 4);
+    let body = serde_json::json!({"prompt": p, "n_predict": 16, "temperature": 0, "n_cmpl": 2,
+                                  "ignore_eos": true, "return_tokens": true, "cache_prompt": false});
+    let v = srv.post_ok("/completion", &body);
+    let all = v.as_array().expect("n_cmpl 2: an array of two completions");
+    assert_eq!(all.len(), 2, "{v}");
+    for x in all {
+        assert_eq!(token_ids(&x["tokens"]), alone.tokens, "completion {}: not the lone answer", x["index"]);
+    }
     srv.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
