@@ -107,7 +107,11 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
         let (k0, k7) = (st.sinks[0], st.sinks[7]);
         let mut no_sink = good.clone();
         no_sink[k7..k7 + 4].copy_from_slice(b"TQS0");
-        assert_eq!(u32_at(&good, k0 + 4), 1, "one exact first key: the slot's cell 0");
+        assert_eq!(
+            u32_at(&good, k0 + 4),
+            1,
+            "one exact first key: the slot's cell 0"
+        );
         let mut many = good.clone();
         many[k0 + 4..k0 + 8].copy_from_slice(&100_000u32.to_le_bytes());
         let mut not_first = good.clone();
@@ -405,8 +409,14 @@ fn a_slot_restored_into_another_slot_continues_as_the_saved_one() {
     let srv = slot_server_env(&dir, 2, &[], &[("TQ_K_SINK", "1")]);
     let p = tokens(&srv, PROMPT_A);
     let b = tokens(&srv, PROMPT_B);
-    let c = tokens(&srv, "Dear committee, thank you for the invitation to speak");
-    assert!(p[0] != b[0] && p[0] != c[0] && b[0] != c[0], "three first tokens");
+    let c = tokens(
+        &srv,
+        "Dear committee, thank you for the invitation to speak",
+    );
+    assert!(
+        p[0] != b[0] && p[0] != c[0] && b[0] != c[0],
+        "three first tokens"
+    );
     let first = complete(&srv, 0, &p, 8);
     // slot 1 stays busy from here on: the cache never empties, so the K mean slot 0's
     // prompt set stays (a restore into a busy cache needs the same mean)
@@ -414,13 +424,24 @@ fn a_slot_restored_into_another_slot_continues_as_the_saved_one() {
     slot_ok(&srv, 0, "save", "a.bin");
     let cont: Vec<u64> = p.iter().chain(&first.tokens).copied().collect();
     let want = complete(&srv, 0, &cont, 12);
-    assert!(want.prompt_n < 4, "slot 0 reused its cache ({})", want.prompt_n);
+    assert!(
+        want.prompt_n < 4,
+        "slot 0 reused its cache ({})",
+        want.prompt_n
+    );
     complete(&srv, 0, &b, 4);
     slot_ok(&srv, 1, "restore", "a.bin");
     for when in ["after the restore", "after slot 0 took another prompt"] {
         let got = complete(&srv, 1, &cont, 12);
-        assert!(got.prompt_n < 4, "{when}: restored cache not used ({})", got.prompt_n);
-        assert_eq!(got.tokens, want.tokens, "{when}: slot 1 does not continue as slot 0 did");
+        assert!(
+            got.prompt_n < 4,
+            "{when}: restored cache not used ({})",
+            got.prompt_n
+        );
+        assert_eq!(
+            got.tokens, want.tokens,
+            "{when}: slot 1 does not continue as slot 0 did"
+        );
         complete(&srv, 0, &c, 4);
     }
     srv.stop();
@@ -439,7 +460,10 @@ fn n_cmpl_children_answer_as_a_lone_request() {
     let alone = complete(&srv, 0, &p, 16);
     // both slots take another prompt, slot 1 first: the cache never empties, so the K mean
     // that the first prompt set stays
-    let c = tokens(&srv, "Dear committee, thank you for the invitation to speak");
+    let c = tokens(
+        &srv,
+        "Dear committee, thank you for the invitation to speak",
+    );
     complete(&srv, 1, &c, 4);
     complete(&srv, 0, &c, 4);
     let body = serde_json::json!({"prompt": p, "n_predict": 16, "temperature": 0, "n_cmpl": 2,
@@ -448,7 +472,12 @@ fn n_cmpl_children_answer_as_a_lone_request() {
     let all = v.as_array().expect("n_cmpl 2: an array of two completions");
     assert_eq!(all.len(), 2, "{v}");
     for x in all {
-        assert_eq!(token_ids(&x["tokens"]), alone.tokens, "completion {}: not the lone answer", x["index"]);
+        assert_eq!(
+            token_ids(&x["tokens"]),
+            alone.tokens,
+            "completion {}: not the lone answer",
+            x["index"]
+        );
     }
     srv.stop();
     let _ = std::fs::remove_dir_all(&dir);

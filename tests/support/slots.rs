@@ -144,7 +144,10 @@ pub fn turbo_state_layout(f: &[u8]) -> TurboState {
         if &f[o..o + 4] == b"TQS2" {
             let entries = u32_at(f, o + 4);
             let row_f = u64::from_le_bytes(f[o + 8..o + 16].try_into().unwrap()) as usize;
-            assert_eq!(row_f, n, "layer {il}: an exact first key has n_embd_k_gqa floats");
+            assert_eq!(
+                row_f, n,
+                "layer {il}: an exact first key has n_embd_k_gqa floats"
+            );
             sinks.push(o);
             o += 16 + entries * (4 + 4 * row_f);
         }
