@@ -20,6 +20,9 @@ const PROMPT_B: &str = "Quarterly report: revenue grew in every region, costs fe
     third year in a row, the new factory opened on time, and after a long discussion about \
     the dividend the board finally approved";
 
+/// A short prompt whose first token is neither A's nor B's.
+const PROMPT_C: &str = "Dear committee, thank you for the invitation to speak";
+
 fn set_f32(f: &mut [u8], o: usize, v: f32) {
     f[o..o + 4].copy_from_slice(&v.to_le_bytes());
 }
@@ -409,10 +412,7 @@ fn a_slot_restored_into_another_slot_continues_as_the_saved_one() {
     let srv = slot_server_env(&dir, 2, &[], &[("TQ_K_SINK", "1")]);
     let p = tokens(&srv, PROMPT_A);
     let b = tokens(&srv, PROMPT_B);
-    let c = tokens(
-        &srv,
-        "Dear committee, thank you for the invitation to speak",
-    );
+    let c = tokens(&srv, PROMPT_C);
     assert!(
         p[0] != b[0] && p[0] != c[0] && b[0] != c[0],
         "three first tokens"
@@ -460,10 +460,7 @@ fn n_cmpl_children_answer_as_a_lone_request() {
     let alone = complete(&srv, 0, &p, 16);
     // both slots take another prompt, slot 1 first: the cache never empties, so the K mean
     // that the first prompt set stays
-    let c = tokens(
-        &srv,
-        "Dear committee, thank you for the invitation to speak",
-    );
+    let c = tokens(&srv, PROMPT_C);
     complete(&srv, 1, &c, 4);
     complete(&srv, 0, &c, 4);
     let body = serde_json::json!({"prompt": p, "n_predict": 16, "temperature": 0, "n_cmpl": 2,

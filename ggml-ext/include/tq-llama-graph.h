@@ -35,8 +35,8 @@ public:
             const int64_t n_slots = kv->tq_sink_slots();
             std::vector<int64_t> idx(ubatch->n_tokens);
             for (uint32_t j = 0; j < ubatch->n_tokens; ++j) {
-                // a token of several sequences writes the lowest one's slot: the kernels take
-                // the lowest slot whose bytes match (tq-sink.h)
+                // a token of several sequences writes its lowest one's slot, the slot its cell
+                // reads (tq_sink_fill_cells)
                 llama_seq_id s = ubatch->n_seq_id[j] > 0 ? ubatch->seq_id[j][0] : -1;
                 for (int32_t k = 1; k < ubatch->n_seq_id[j]; ++k) {
                     s = std::min(s, ubatch->seq_id[j][k]);
