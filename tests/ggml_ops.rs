@@ -12,6 +12,7 @@ extern "C" {
     fn tq_test_kmean(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kbal(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean_rope(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_kmean_stat_w(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_sink(err: *mut c_char, cap: usize) -> c_int;
     #[allow(clippy::too_many_arguments)]
     fn tq_test_flash_attn_tiles(
@@ -176,6 +177,14 @@ fn k_q_channel_balancing_is_logit_exact_and_rope_tied() {
 #[test]
 fn k_mean_in_rope_frame_is_logit_exact_per_key() {
     check(|e, n| unsafe { tq_test_kmean_rope(e, n) });
+}
+
+/// The SET statistics' token weights (tq_kmean_stat_weights in ggml-ext/include/tq-kmean.h):
+/// position 0 counts nothing where the first keys are exact, and then an outlier key there
+/// leaves the stored pre-RoPE mean at the other tokens' mean, which equal weights do not.
+#[test]
+fn k_statistics_leave_out_the_exact_first_key() {
+    check(|e, n| unsafe { tq_test_kmean_stat_w(e, n) });
 }
 
 /// The exact first keys (ggml-ext/include/tq-sink.h): slots written as llama writes them;

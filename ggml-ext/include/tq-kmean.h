@@ -35,7 +35,9 @@
  * never change while a key stored with them exists:
  *   - SET:  the cache is empty and the ubatch has >= TQ_KMEAN_MIN_TOKENS tokens: statistics
  *           from this ubatch (below that, the first token - an attention sink in most
- *           models - would dominate the estimate);
+ *           models - would dominate the estimate). Where the first keys are kept exact
+ *           (tq-sink.h) the tokens at position 0 are left out of the statistics, as their
+ *           keys are never quantized, and TQ_KMEAN_MIN_TOKENS_SKIP other tokens suffice;
  *   - ZERO: the cache is empty and the ubatch is small: m = 0, s = 1 (plain behaviour);
  *   - KEEP: otherwise the stored ones.
  * The mode is part of the graph's shape: only a SET graph computes statistics, and a KEEP
@@ -65,6 +67,26 @@
 
 
 #define TQ_KMEAN_MIN_TOKENS 32
+/* The same with the first keys kept exact, counting the tokens not at position 0 (the sink
+   that needed the 32 is left out): measured on two models, statistics from this few tokens
+   still beat none by far (docs/BENCHMARKS.md). */
+#define TQ_KMEAN_MIN_TOKENS_SKIP 2
+
+/* The weights of a SET ubatch's tokens in its statistics (the mean, the query energy and the
+   keys' attention of balancing), dst[0..n): 1 / n' each, where n' tokens count. With the
+   first keys kept exact (tq-sink.h: skip_first) a token at position 0 counts 0: its key is
+   not quantized, so its error costs nothing, and being the attention sink it would otherwise
+   draw the mean and the balancing towards its own channel profile, which the quantized keys
+   do not share (docs/BENCHMARKS.md). If no token counts, all do. */
+static inline void tq_kmean_stat_weights(const int32_t * pos, int64_t n, bool skip_first, float * dst) {
+    int64_t used = 0;
+    for (int64_t j = 0; j < n; ++j) {
+        used += !(skip_first && pos[j] == 0);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+        dst[j] = used == 0 ? 1.0f / (float) n : (skip_first && pos[j] == 0) ? 0.0f : 1.0f / (float) used;
+    }
+}
 
 /* Graph tensors K mean removal and K/Q balancing may add per layer on a prefill ubatch,
    added to llama's graph budget (llama_context::graph_max_nodes). */
@@ -172,13 +194,17 @@ static inline ggml_tensor * tq_kbal_wsum(ggml_context * ctx, ggml_tensor * x, gg
 }
 
 /* s from this ubatch (SET statistics): k_cur [hd, nkv, nt] keys, q [hd, nq, nt] (both
-   contiguous), M the position map, m_b = M kbar, per_tok the [1, nt, 1] weights 1 / nt of
-   the key mean. With the mean in RoPE's frame (tq-kmean-rope.h) map and m_b are NULL and
-   resid [hd, nkv, nt] is what the keys store, k - R_p mu: per pair its energy does not depend
-   on the position, so this ubatch's is the cache's. Returns s [hd, nkv]. */
+   contiguous), M the position map, m_b = M kbar, per_tok the [1, nt, 1] weights of the key
+   mean (1 / nt, or tq_kmean_stat_weights'). With the mean in RoPE's frame (tq-kmean-rope.h)
+   map and m_b are NULL and resid [hd, nkv, nt] is what the keys store, k - R_p mu: per pair its
+   energy does not depend on the position, so this ubatch's is the cache's. key_w (NULL: all
+   keys count) is per_tok's weights applied to the keys' attention: a key of weight 0 is kept
+   exact, so its error costs nothing, while the attention it takes still leaves the others
+   less (no renormalisation). Returns s [hd, nkv]. */
 static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * q,
                                           ggml_tensor * map, ggml_tensor * m_b, ggml_tensor * per_tok,
-                                          float kq_scale, bool neox, ggml_tensor * resid) {
+                                          float kq_scale, bool neox, ggml_tensor * resid,
+                                          ggml_tensor * key_w = nullptr) {
     const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2];
     const int64_t nq = q->ne[1], g = nq / nkv;
     // Which keys' errors matter: those the queries attend to. w_j = attention to key j
@@ -193,6 +219,10 @@ static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cu
     // the heads of KV head h are h g .. h g + g - 1, so (query, head in group) is one axis
     ggml_tensor * w  = tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, p, nt, nql * g, nkv),
                                     tq_kbal_const(ctx, kp, nql * g, nkv, 1.0f / (float) (nql * g))); // [nt, nkv]
+    if (key_w) {
+        // a common factor of w cancels in s's normalisation below, so per_tok's 1 / n serves
+        w = ggml_mul(ctx, w, ggml_reshape_2d(ctx, key_w, nt, 1));
+    }
     ggml_tensor * wb = ggml_reshape_3d(ctx, w, 1, nt, nkv);
     ggml_tensor * rk;
     if (resid) {
@@ -226,10 +256,12 @@ static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cu
    k_mean; ZERO writes m = 0, s = 1). Returns k_cur unchanged when k_mean is NULL.
    A k_mean marked for RoPE's frame (tq-kmean-rope.h) needs the ubatch's position table
    tab [hd, n_tokens] instead of map, stores s * k - R_p mu' and returns the per-key term's
-   coefficients in *coeffs. */
+   coefficients in *coeffs; its SET statistics weigh the tokens by stat_w [1, n_tokens, 1]
+   (tq_kmean_stat_weights) where given, else equally. */
 static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor ** q_cur, ggml_tensor * k_cur,
                                            ggml_tensor * k_mean, int mode, ggml_tensor * map, float kq_scale, bool neox,
-                                           ggml_tensor * tab = nullptr, ggml_tensor ** coeffs = nullptr) {
+                                           ggml_tensor * tab = nullptr, ggml_tensor ** coeffs = nullptr,
+                                           ggml_tensor * stat_w = nullptr) {
     if (!k_cur || !k_mean) {
         return k_cur;
     }
@@ -238,7 +270,8 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
     const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2], n = hd * nkv;
     const bool bal = k_mean->ne[0] == tq_kmean_floats(hd, nkv, true);
     GGML_ASSERT(bal || k_mean->ne[0] == tq_kmean_floats(hd, nkv, false));
-    GGML_ASSERT(mode != TQ_KMEAN_SET || ((map || rf) && nt >= TQ_KMEAN_MIN_TOKENS));
+    // SET: enough tokens, or in RoPE's frame the weights of those that count (the host's rule)
+    GGML_ASSERT(mode != TQ_KMEAN_SET || (map && nt >= TQ_KMEAN_MIN_TOKENS) || (rf && (stat_w || nt >= TQ_KMEAN_MIN_TOKENS)));
     ggml_tensor * m_st = tq_kmean_view(ctx, k_mean, hd, nkv);
     ggml_tensor * d_st = bal ? ggml_view_2d(ctx, k_mean, hd, nkv, hd * sizeof(float), (size_t) n * sizeof(float)) : nullptr; // s - 1
     if (mode == TQ_KMEAN_ZERO) {
@@ -262,11 +295,12 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
     ggml_tensor * m_use = m_st;
     ggml_tensor * s_use = bal ? ggml_scale_bias(ctx, d_st, 1.0f, 1.0f) : nullptr;
     if (mode == TQ_KMEAN_SET && rf) {
-        ggml_tensor * per_tok = tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt);
+        GGML_ASSERT(!stat_w || (stat_w->type == GGML_TYPE_F32 && stat_w->ne[0] == 1 && stat_w->ne[1] == nt));
+        ggml_tensor * per_tok = stat_w ? stat_w : tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt);
         m_use = tq_rf_unrope_mean(ctx, k_cur, tab, per_tok, neox);                                      // mu
         if (bal) {
             ggml_tensor * resid = ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, neox));
-            s_use = tq_kbal_scale(ctx, k_cur, q, nullptr, nullptr, per_tok, kq_scale, neox, resid);
+            s_use = tq_kbal_scale(ctx, k_cur, q, nullptr, nullptr, per_tok, kq_scale, neox, resid, stat_w);
             m_use = ggml_mul(ctx, m_use, s_use);                                                         // mu' = s mu
             ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_scale_bias(ctx, s_use, 1.0f, -1.0f), d_st));
         }

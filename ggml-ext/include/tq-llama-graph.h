@@ -30,6 +30,11 @@ public:
             kv->tq_kmean_fill_map(*ubatch, buf.data(), map->ne[0]);
             ggml_backend_tensor_set(map, buf.data(), 0, ggml_nbytes(map));
         }
+        if (stat_w) {
+            std::vector<float> w(ubatch->n_tokens);
+            tq_kmean_stat_weights(ubatch->pos, ubatch->n_tokens, stat_skip_first, w.data());
+            ggml_backend_tensor_set(stat_w, w.data(), 0, ggml_nbytes(stat_w));
+        }
         if (sink_idx) {
             // each token's slot of the exact first keys (tq-sink.h)
             const int64_t n_slots = kv->tq_sink_slots();
@@ -63,6 +68,10 @@ public:
     const llama_kv_cache * kv;
     const int mode;
     ggml_tensor * map = nullptr; // SET only: f32 [hd_max * hd_max, n_layer], layer il's M in row il
+    // SET in RoPE's frame: f32 [1, n_tokens, 1], the tokens' weights in the statistics
+    // (tq_kmean_stat_weights), skipping the first keys where the cache keeps them exact
+    ggml_tensor * stat_w = nullptr;
+    bool stat_skip_first = false;
 
     // the mean in RoPE's frame (tq-kmean-rope.h), per set of RoPE frequencies: the position
     // tables of the ubatch's tokens [hd, n_tokens] and of the cells in view [hd, n_kv * the
@@ -128,7 +137,7 @@ static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf,
             res->add_input(std::make_unique<tq_kmean_input>(kv, tq_kmean_graph_mode(kv, k_cur->ne[2]))));
     }
     int mode = in->mode;
-    if (mode == TQ_KMEAN_SET && k_cur->ne[2] < TQ_KMEAN_MIN_TOKENS) {
+    if (mode == TQ_KMEAN_SET && k_cur->ne[2] < (tq_kmean_rope_is(k_mean) && kv->tq_sink_reads() ? TQ_KMEAN_MIN_TOKENS_SKIP : TQ_KMEAN_MIN_TOKENS)) {
         mode = TQ_KMEAN_ZERO; // not reached: the host picks SET only for a ubatch this large
     }
     ggml_tensor * map = nullptr;
@@ -139,7 +148,14 @@ static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf,
         if (in->coeffs.size() <= (size_t) il) {
             in->coeffs.resize(il + 1, nullptr);
         }
-        return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, nullptr, kq_scale, neox, tab, &in->coeffs[il]);
+        if (mode == TQ_KMEAN_SET && !in->stat_w) {
+            in->stat_w = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, k_cur->ne[2], 1);
+            ggml_set_input(in->stat_w);
+            ggml_set_name(in->stat_w, "tq_kmean_stat_w");
+            in->stat_skip_first = kv->tq_sink_reads();
+        }
+        return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, nullptr, kq_scale, neox, tab, &in->coeffs[il],
+                              in->stat_w);
     }
     if (mode == TQ_KMEAN_SET) {
         if (!in->map) {

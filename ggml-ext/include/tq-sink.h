@@ -32,9 +32,11 @@
  * decode tiles (tq-ggml-fa.h) and, for the same configuration, the prefill path that decodes
  * K to f32 (tq_rf_keys); a decode through a per-head mask (flash attention off) and the
  * fitted mean keep the decoded key, and so does a prefill beside them, so that a sequence
- * gets the same keys however its tokens were batched. For the same reason a first ubatch of
- * fewer than TQ_KMEAN_MIN_TOKENS into an empty cache runs as KEEP over m = 0, s = 1 while the
- * slots are on (tq_kmean_prepare): the ZERO graph would neither write nor read them.
+ * gets the same keys however its tokens were batched. For the same reason a first ubatch too
+ * small to give the statistics (fewer than TQ_KMEAN_MIN_TOKENS_SKIP tokens past position 0)
+ * runs as KEEP over m = 0, s = 1 while the slots are on (tq_kmean_prepare): the ZERO graph
+ * would neither write nor read them. The statistics leave the tokens at position 0 out
+ * (tq_kmean_stat_weights): their keys are not the ones quantized.
  */
 #ifndef TQ_SINK_H
 #define TQ_SINK_H

@@ -853,3 +853,85 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
     }
     return 0;
 }
+
+// The SET statistics' token weights (tq_kmean_stat_weights, tq-kmean.h). (1) The host rule:
+// tokens at position 0 count 0 where the first keys are kept exact, all count otherwise or if
+// none would. (2) In RoPE's frame with balancing, a SET weighted so that the token at
+// position 0 counts 0 stores the pre-RoPE mean of the other tokens (mu = stored m / s), the
+// same whatever that token's key is, while equal weights let an outlier there move it.
+extern "C" int tq_test_kmean_stat_w(char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    {
+        const int32_t pos[5] = { 0, 7, 0, 8, 9 };
+        float w[5];
+        tq_kmean_stat_weights(pos, 5, true, w);
+        const float want[5] = { 0.0f, 1.0f / 3, 0.0f, 1.0f / 3, 1.0f / 3 };
+        for (int j = 0; j < 5; ++j)
+            if (std::fabs(w[j] - want[j]) > 1e-7f) return err.fail("skip: weight %d = %g, want %g", j, w[j], want[j]);
+        tq_kmean_stat_weights(pos, 5, false, w);
+        for (int j = 0; j < 5; ++j)
+            if (std::fabs(w[j] - 0.2f) > 1e-7f) return err.fail("no skip: weight %d = %g, want 0.2", j, w[j]);
+        const int32_t zeros[2] = { 0, 0 };
+        tq_kmean_stat_weights(zeros, 2, true, w);
+        if (w[0] != 0.5f || w[1] != 0.5f) return err.fail("only position 0: weights %g %g, want 0.5 each", w[0], w[1]);
+    }
+    const int64_t hd = 64, half = hd / 2, nkv = 2, g = 3, nq = nkv * g, n = hd * nkv, nt = 6;
+    std::vector<double> fr(half);
+    for (int64_t i = 0; i < half; ++i) fr[i] = std::pow(10000.0, -2.0 * i / hd);
+    for (bool neox : { false, true }) {
+        auto ch = [&](int64_t i, int ab) { return neox ? i + ab * half : 2 * i + ab; };
+        std::vector<float> base = gaussian(n * nt, 51), qv = gaussian(hd * nq * nt, 52);
+        for (int64_t i = 0; i < n * nt; ++i) base[i] += 2.0f;
+        // the reference: the mean of R_p^-1 k_p over tokens 1..nt-1 (positions = token index)
+        std::vector<double> mu(n, 0.0);
+        for (int64_t t = 1; t < nt; ++t)
+            for (int64_t h = 0; h < nkv; ++h)
+                for (int64_t i = 0; i < half; ++i) {
+                    const float * k = &base[(t * nkv + h) * hd];
+                    const double cs = std::cos(t * fr[i]), sn = std::sin(t * fr[i]);
+                    mu[h * hd + ch(i, 0)] += (cs * k[ch(i, 0)] + sn * k[ch(i, 1)]) / (nt - 1);
+                    mu[h * hd + ch(i, 1)] += (cs * k[ch(i, 1)] - sn * k[ch(i, 0)]) / (nt - 1);
+                }
+        for (int variant = 0; variant < 3; ++variant) { // two outliers at position 0, weighted 0; one weighted
+            std::vector<float> kv = base;
+            const std::vector<float> out = gaussian(n, 60 + variant % 2, 40.0f);
+            std::copy(out.begin(), out.end(), kv.begin());
+            Ctx c(16);
+            ggml_tensor * k = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nkv, nt);
+            ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nq, nt);
+            ggml_tensor * tab = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, nt);
+            ggml_tensor * sw = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, 1, nt, 1);
+            fill(k, kv);
+            fill(q, qv);
+            for (int64_t t = 0; t < nt; ++t)
+                for (int64_t i = 0; i < half; ++i) {
+                    ((float *) tab->data)[t * hd + i] = (float) std::cos(t * fr[i]);
+                    ((float *) tab->data)[t * hd + half + i] = (float) std::sin(t * fr[i]);
+                }
+            std::vector<int32_t> pos(nt);
+            for (int64_t t = 0; t < nt; ++t) pos[t] = (int32_t) t;
+            tq_kmean_stat_weights(pos.data(), nt, variant < 2, (float *) sw->data);
+            ggml_tensor * km = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, tq_kmean_floats(hd, nkv, true));
+            tq_kmean_rope_mark(km);
+            memset(km->data, 0, ggml_nbytes(km));
+            ggml_cgraph * gf = ggml_new_graph(c.ctx);
+            ggml_tensor * qs = q, * A = nullptr;
+            ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, TQ_KMEAN_SET, nullptr, 0.125f, neox, tab, &A, sw);
+            ggml_build_forward_expand(gf, ks);
+            ggml_build_forward_expand(gf, qs);
+            ggml_graph_compute_with_ctx(c.ctx, gf, 2);
+            const float * kmd = (const float *) km->data;
+            double worst = 0, scale = 0;
+            for (int64_t i = 0; i < n; ++i) {
+                worst = std::max(worst, std::fabs(kmd[i] / (1.0 + kmd[n + i]) - mu[i]));
+                scale = std::max(scale, std::fabs(mu[i]));
+            }
+            if (variant < 2 && worst > 1e-5 * scale)
+                return err.fail("neox %d outlier %d weighted 0: stored mu off the others' mean by %g (|mu| %g)", neox, variant,
+                                worst, scale);
+            if (variant == 2 && worst < 0.5 * scale)
+                return err.fail("neox %d: an outlier weighted equally moved mu by only %g (|mu| %g)", neox, worst, scale);
+        }
+    }
+    return 0;
+}

@@ -524,7 +524,8 @@ pub fn roundtrip_rows(codec: Codec, dim: usize, rot_dim: usize, rows: &[f32]) ->
 
 /// Keys of the first ubatch at llama.cpp's default `-ub 512`: the K mean is their mean.
 pub const K_MEAN_TOKENS: usize = 512;
-/// llama.cpp's `TQ_KMEAN_MIN_TOKENS`: a first ubatch smaller than this leaves m = 0.
+/// llama.cpp's `TQ_KMEAN_MIN_TOKENS`: a first ubatch smaller than this leaves m = 0 (where the
+/// first key is not kept exact; the lab does not model that key, tq-sink.h).
 pub const K_MEAN_MIN_TOKENS: usize = 32;
 
 impl Codec {
