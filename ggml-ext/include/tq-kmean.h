@@ -250,6 +250,16 @@ static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cu
     return ggml_clamp(ctx, s, 1.0f / TQ_KBAL_MAX, TQ_KBAL_MAX);
 }
 
+/* A SET's s written to d_st as s - 1 (the layout of k_mean), and returned as KEEP will read it
+   back, 1 + (s - 1): outside [1/2, 2] that is not always s to the bit, and the SET ubatch's
+   own tokens must get the same q / s and s * k as the same tokens in a later KEEP ubatch (a
+   prompt restored from llama-server's host cache re-runs its last token as KEEP). */
+static inline ggml_tensor * tq_kbal_store(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * s, ggml_tensor * d_st) {
+    ggml_tensor * d = ggml_scale_bias(ctx, s, 1.0f, -1.0f);
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, d, d_st));
+    return ggml_scale_bias(ctx, d, 1.0f, 1.0f);
+}
+
 /* Before the cache's rotation: k_cur [hd, n_head_kv, n_tokens] (roped) -> s * k - m and
    q_cur [hd, n_head, n_tokens] -> q / s (balancing only), as the mode says (SET needs the
    position map `map` [hd, hd] and >= TQ_KMEAN_MIN_TOKENS tokens, and writes m and s back into
@@ -300,9 +310,8 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
         m_use = tq_rf_unrope_mean(ctx, k_cur, tab, per_tok, neox);                                      // mu
         if (bal) {
             ggml_tensor * resid = ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, neox));
-            s_use = tq_kbal_scale(ctx, k_cur, q, nullptr, nullptr, per_tok, kq_scale, neox, resid, stat_w);
+            s_use = tq_kbal_store(ctx, gf, tq_kbal_scale(ctx, k_cur, q, nullptr, nullptr, per_tok, kq_scale, neox, resid, stat_w), d_st);
             m_use = ggml_mul(ctx, m_use, s_use);                                                         // mu' = s mu
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_scale_bias(ctx, s_use, 1.0f, -1.0f), d_st));
         }
         ggml_build_forward_expand(gf, ggml_cpy(ctx, m_use, m_st));
     } else if (mode == TQ_KMEAN_SET) {
@@ -310,9 +319,8 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
         ggml_tensor * kbar = ggml_reshape_2d(ctx, tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, k_cur, n, nt, 1), per_tok), hd, nkv);
         m_use = ggml_mul_mat(ctx, map, kbar);                                                            // F kbar
         if (bal) {
-            s_use = tq_kbal_scale(ctx, k_cur, q, map, m_use, per_tok, kq_scale, neox, nullptr);
+            s_use = tq_kbal_store(ctx, gf, tq_kbal_scale(ctx, k_cur, q, map, m_use, per_tok, kq_scale, neox, nullptr), d_st);
             m_use = ggml_mul(ctx, m_use, s_use);
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_scale_bias(ctx, s_use, 1.0f, -1.0f), d_st));
         }
         ggml_build_forward_expand(gf, ggml_cpy(ctx, m_use, m_st));
     }
