@@ -137,8 +137,9 @@ static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf,
             res->add_input(std::make_unique<tq_kmean_input>(kv, tq_kmean_graph_mode(kv, k_cur->ne[2]))));
     }
     int mode = in->mode;
-    if (mode == TQ_KMEAN_SET && k_cur->ne[2] < (tq_kmean_rope_is(k_mean) && kv->tq_sink_reads() ? TQ_KMEAN_MIN_TOKENS_SKIP : TQ_KMEAN_MIN_TOKENS)) {
-        mode = TQ_KMEAN_ZERO; // not reached: the host picks SET only for a ubatch this large
+    if (mode == TQ_KMEAN_SET && !tq_kmean_rope_is(k_mean) && k_cur->ne[2] < TQ_KMEAN_MIN_TOKENS) {
+        mode = TQ_KMEAN_ZERO; // not reached: the host picks SET only for a ubatch this large (in
+                              // RoPE's frame the host's rule reaches the graph as its weights)
     }
     ggml_tensor * map = nullptr;
     if (tq_kmean_rope_is(k_mean) && mode != TQ_KMEAN_ZERO) {
