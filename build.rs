@@ -37,10 +37,14 @@ fn run(root: &std::path::Path) -> Result<(), String> {
     for p in [
         "vendor/llama.cpp.pin",
         "ggml-ext/patches",
-        "ggml-ext/include",
+        "ggml-ext/abi",
+        "ggml-ext/ggml",
+        "ggml-ext/ggml-cpu",
+        "ggml-ext/llama",
+        "ggml-ext/tools",
         "ggml-ext/cmake",
         "ggml-ext/tests",
-        "ggml-ext/cuda",
+        "ggml-ext/ggml-cuda",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }

@@ -44,7 +44,7 @@ pub fn build_dir(root: &Path) -> PathBuf {
 }
 
 /// cmake arguments of the CUDA build (`--features cuda`): GGML_CUDA with our kernels
-/// (ggml-ext/cuda, hooked in by the patch). TQ_CUDA_ROOT names a toolkit root (for example
+/// (ggml-ext/ggml-cuda, hooked in by the patch). TQ_CUDA_ROOT names a toolkit root (for example
 /// the one scripts/cuda-toolkit.sh assembles from PyPI wheels); TQ_CUDA_ARCHS the
 /// architectures (default: `native` when a GPU is visible, else 90, the H100/H200).
 fn cuda_args() -> Vec<String> {

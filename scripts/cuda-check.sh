@@ -6,7 +6,7 @@
 #     upstream CUDA file our patch hooks into (convert, getrows, set-rows, cpy, fattn,
 #     ggml-cuda) and test-backend-ops.cpp with our test cases - through ccache;
 #     Also: the configure-time refusal of pre-Volta architectures, tested with cmake -P;
-#  4. ggml-ext/cuda/tq-parity.cu compiled and linked against libturboquant_capi.a, and run with
+#  4. ggml-ext/ggml-cuda/tq-parity.cu compiled and linked against libturboquant_capi.a, and run with
 #     --host: the CUDA codec source, built for the CPU, must reproduce the Rust codec's
 #     bytes and decoded values bit for bit (the trellis types too: tq-parity-tcq.cuh). (On a
 #     GPU, scripts/gpu-check.sh runs it on the device too.) Then the trellis encoder's PTX
@@ -76,15 +76,15 @@ make -s -C "$bdir/tests" test-backend-ops.o 2>&1 | grep -v '^make' || true
 
 # Same fast-math flags as ggml's CUDA build; the host side without FMA contraction, as Rust.
 ccache "$root/bin/nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -Xcompiler -ffp-contract=off \
-  -I ggml-ext/include -I ggml-ext/cuda -c ggml-ext/cuda/tq-parity.cu -o "$bdir/tq-parity.o"
+  -I ggml-ext/abi -I ggml-ext/ggml -I ggml-ext/ggml-cuda -c ggml-ext/ggml-cuda/tq-parity.cu -o "$bdir/tq-parity.o"
 "$root/bin/nvcc" -arch=sm_90 "$bdir/tq-parity.o" target/release/libturboquant_capi.a -lpthread -ldl -lm -o "$bdir/tq-parity"
 "$bdir/tq-parity" --host
 
 # The trellis encoder's device code (tq-tcq-encode.cuh, as the parity kernels instantiate it
 # under ggml's -use_fast_math) must hold no f32 FMA - a contracted a*b+c would change the
 # path costs' bits - and no local memory (its per-lane arrays stay in registers).
-"$root/bin/nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -I ggml-ext/include -I ggml-ext/cuda \
-  -ptx ggml-ext/cuda/tq-parity.cu -o "$bdir/tq-parity.ptx"
+"$root/bin/nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -I ggml-ext/abi -I ggml-ext/ggml -I ggml-ext/ggml-cuda \
+  -ptx ggml-ext/ggml-cuda/tq-parity.cu -o "$bdir/tq-parity.ptx"
 for k in 2 3; do
   entry="_Z19tcq_quantize_kernelILi${k}EEvPKfPcl"
   body=$(awk -v e="$entry" 'index($0, ".entry " e "(") {on = 1} on {print} on && /^}/ {exit}' "$bdir/tq-parity.ptx")

@@ -34,7 +34,7 @@ tq_build_tree test-backend-ops llama-bench llama-perplexity || tq_finish
 nvcc=$(tq_nvcc)
 if [ "$tq_dry" = 1 ]; then tq_log "nvcc: dry run"; else tq_log "nvcc: $("$nvcc" --version | tail -1)"; fi
 if tq_run "$nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -Xcompiler -ffp-contract=off \
-     -I ggml-ext/include -I ggml-ext/cuda ggml-ext/cuda/tq-parity.cu "$tq_src/libturboquant_capi.a" \
+     -I ggml-ext/abi -I ggml-ext/ggml -I ggml-ext/ggml-cuda ggml-ext/ggml-cuda/tq-parity.cu "$tq_src/libturboquant_capi.a" \
      -lpthread -ldl -lm -o "$tq_work/tq-parity" > "$tq_work/parity.txt" 2>&1 \
    && tq_run "$tq_work/tq-parity" >> "$tq_work/parity.txt" 2>&1; then
   tq_pass "tq-parity: $(tail -1 "$tq_work/parity.txt")"

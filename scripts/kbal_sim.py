@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Simulate K/Q channel balancing (ggml-ext/include/tq-kmean.h) on a `tq capture` file.
+"""Simulate K/Q channel balancing (ggml-ext/llama/tq-kmean.h) on a `tq capture` file.
 
 For every layer and KV head: s from the first 512 tokens (as llama.cpp takes it from the
 first ubatch), keys stored as s*k - m plus isotropic Gaussian noise of relative energy D

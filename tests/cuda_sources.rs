@@ -39,9 +39,9 @@ fn expected_pairs() -> BTreeSet<(String, String)> {
 /// `X(K, V)` entries of TQ_FATTN_FOR_EACH_PAIR in tq-fattn.cuh and
 /// TQ_TCQ_FATTN_FOR_EACH_PAIR in tq-tcq-fattn.cuh.
 fn header_pairs() -> BTreeSet<(String, String)> {
-    let mut all = macro_pairs("ggml-ext/cuda/tq-fattn.cuh", "TQ_FATTN_FOR_EACH_PAIR");
+    let mut all = macro_pairs("ggml-ext/ggml-cuda/tq-fattn.cuh", "TQ_FATTN_FOR_EACH_PAIR");
     all.extend(macro_pairs(
-        "ggml-ext/cuda/tq-tcq-fattn.cuh",
+        "ggml-ext/ggml-cuda/tq-tcq-fattn.cuh",
         "TQ_TCQ_FATTN_FOR_EACH_PAIR",
     ));
     all
@@ -148,7 +148,7 @@ fn cuda_backend_claims_and_implements_the_trellis_types() {
             );
         }
     }
-    let glue = read("ggml-ext/cuda/tq-cuda-ggml.cuh");
+    let glue = read("ggml-ext/ggml-cuda/tq-cuda-ggml.cuh");
     assert!(
         !glue.contains("TQ_GGML_IS_TURBO_SCALAR"),
         "tq-cuda-ggml.cuh"
@@ -158,27 +158,27 @@ fn cuda_backend_claims_and_implements_the_trellis_types() {
     // the encoders and decoders each dispatch table needs
     for (file, want) in [
         (
-            "ggml-ext/cuda/tq-cuda-set-rows.cuh",
+            "ggml-ext/ggml-cuda/tq-cuda-set-rows.cuh",
             "tq_tcq_set_rows_launch<idx_t, 3>",
         ),
         (
-            "ggml-ext/cuda/tq-cuda-set-rows.cuh",
+            "ggml-ext/ggml-cuda/tq-cuda-set-rows.cuh",
             "tq_tcq_set_rows_launch<idx_t, 2>",
         ),
-        ("ggml-ext/cuda/tq-cuda-cpy.cuh", "tq_tcq_cpy_f32_launch<3>"),
-        ("ggml-ext/cuda/tq-cuda-cpy.cuh", "tq_tcq_cpy_f32_launch<2>"),
+        ("ggml-ext/ggml-cuda/tq-cuda-cpy.cuh", "tq_tcq_cpy_f32_launch<3>"),
+        ("ggml-ext/ggml-cuda/tq-cuda-cpy.cuh", "tq_tcq_cpy_f32_launch<2>"),
         (
-            "ggml-ext/cuda/tq-cuda-cpy.cuh",
+            "ggml-ext/ggml-cuda/tq-cuda-cpy.cuh",
             "tq_cuda_dequantize_turbo3_tcq",
         ),
         (
-            "ggml-ext/cuda/tq-cuda-cpy.cuh",
+            "ggml-ext/ggml-cuda/tq-cuda-cpy.cuh",
             "tq_cuda_dequantize_turbo2_tcq",
         ),
-        ("ggml-ext/cuda/tq-fattn.cuh", "tq_tcq_vec_dot_KQ<"),
-        ("ggml-ext/cuda/tq-fattn.cuh", "tq_tcq_dequantize_V<"),
-        ("ggml-ext/cuda/tq-parity.cu", "check_tcq<3>"),
-        ("ggml-ext/cuda/tq-parity.cu", "check_tcq<2>"),
+        ("ggml-ext/ggml-cuda/tq-fattn.cuh", "tq_tcq_vec_dot_KQ<"),
+        ("ggml-ext/ggml-cuda/tq-fattn.cuh", "tq_tcq_dequantize_V<"),
+        ("ggml-ext/ggml-cuda/tq-parity.cu", "check_tcq<3>"),
+        ("ggml-ext/ggml-cuda/tq-parity.cu", "check_tcq<2>"),
     ] {
         assert!(read(file).contains(want), "{file} lacks {want}");
     }
@@ -188,7 +188,7 @@ fn cuda_backend_claims_and_implements_the_trellis_types() {
 fn trellis_cuda_sources_follow_the_encoding_rule() {
     // One source for the tables: the CUDA side includes the generated header and never
     // carries a copy of its numbers.
-    let tables = read("ggml-ext/include/turboquant_tcq_tables.h");
+    let tables = read("ggml-ext/abi/turboquant_tcq_tables.h");
     let first_values: Vec<&str> = ["TQ_TCQ3_TABLE[256] = {", "TQ_TCQ2_TABLE[256] = {"]
         .iter()
         .map(|head| {
@@ -196,12 +196,12 @@ fn trellis_cuda_sources_follow_the_encoding_rule() {
             tables[at..].split(',').next().unwrap().trim()
         })
         .collect();
-    let tcq = read("ggml-ext/cuda/tq-tcq.cuh");
+    let tcq = read("ggml-ext/ggml-cuda/tq-tcq.cuh");
     assert!(tcq.contains("#include \"turboquant_tcq_tables.h\""));
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("ggml-ext/cuda");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("ggml-ext/ggml-cuda");
     for e in std::fs::read_dir(&dir).unwrap() {
         let name = e.unwrap().file_name().into_string().unwrap();
-        let src = read(&format!("ggml-ext/cuda/{name}"));
+        let src = read(&format!("ggml-ext/ggml-cuda/{name}"));
         for v in &first_values {
             assert!(
                 !src.contains(v),
@@ -211,7 +211,7 @@ fn trellis_cuda_sources_follow_the_encoding_rule() {
     }
     // The path costs: `m + e * e`, `e = u - T`, exactly rounded and never contracted into an
     // FMA under ggml's -use_fast_math; ties to the lowest hi (strict <); the scale fit in f64.
-    let enc = read("ggml-ext/cuda/tq-tcq-encode.cuh");
+    let enc = read("ggml-ext/ggml-cuda/tq-tcq-encode.cuh");
     for want in [
         "tq_fadd(mm, tq_fmul(e, e))",
         "tq_fsub(ut, tab[i][l])",
@@ -225,7 +225,7 @@ fn trellis_cuda_sources_follow_the_encoding_rule() {
     ] {
         assert!(enc.contains(want), "tq-tcq-encode.cuh lacks {want}");
     }
-    let shims = read("ggml-ext/cuda/tq-cuda.cuh") + &tcq;
+    let shims = read("ggml-ext/ggml-cuda/tq-cuda.cuh") + &tcq;
     for want in [
         "__fadd_rn(a, b)",
         "__fsub_rn(a, b)",
@@ -345,8 +345,8 @@ fn patch_hooks_every_cuda_table() {
 /// pair and head size the vector kernel is.
 #[test]
 fn decode_kernel_selector() {
-    let fattn = read("ggml-ext/cuda/tq-fattn.cuh");
-    let gqa = read("ggml-ext/cuda/tq-fattn-gqa.cuh");
+    let fattn = read("ggml-ext/ggml-cuda/tq-fattn.cuh");
+    let gqa = read("ggml-ext/ggml-cuda/tq-fattn-gqa.cuh");
     let cmake = read("ggml-ext/cmake/turboquant-cuda.cmake");
     let all: String = [
         "tq-fattn.cuh",
@@ -356,7 +356,7 @@ fn decode_kernel_selector() {
         "tq-cuda.cuh",
     ]
     .iter()
-    .map(|f| read(&format!("ggml-ext/cuda/{f}")))
+    .map(|f| read(&format!("ggml-ext/ggml-cuda/{f}")))
     .collect();
     assert_eq!(
         all.matches("getenv(\"TQ_CUDA_FA\")").count(),
@@ -431,7 +431,7 @@ fn decode_kernel_selector() {
         );
     }
     // The parity test runs the GQA kernel's row decode on the host (and on the device).
-    let parity = read("ggml-ext/cuda/tq-parity.cu");
+    let parity = read("ggml-ext/ggml-cuda/tq-parity.cu");
     assert!(
         parity.contains("#include \"tq-fattn-gqa-decode.cuh\"")
             && parity.contains("host_gqa_dequantize<bits>")

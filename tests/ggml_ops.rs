@@ -38,7 +38,7 @@ extern "C" {
     ) -> c_int;
 }
 
-// ggml type ids (ggml.h at the pin, plus ours from ggml-ext/include/tq-ggml.h).
+// ggml type ids (ggml.h at the pin, plus ours from ggml-ext/ggml/tq-ggml.h).
 const F16: c_int = 1;
 const Q8_0: c_int = 8;
 const TURBO2: c_int = 96;
@@ -157,21 +157,21 @@ fn flash_attn_tiled_decode_equals_per_key_loop() {
     }
 }
 
-/// K mean removal (ggml-ext/include/tq-kmean.h): the three modes, attention unchanged by
+/// K mean removal (ggml-ext/llama/tq-kmean.h): the three modes, attention unchanged by
 /// the shift, and the K-shift correction (re-roping stored k - m gives rope(k) - m).
 #[test]
 fn k_mean_removal_modes_invariance_and_k_shift() {
     check(|e, n| unsafe { tq_test_kmean(e, n) });
 }
 
-/// K/Q channel balancing (ggml-ext/include/tq-kmean.h): logits exact in every mode, s tied
+/// K/Q channel balancing (ggml-ext/llama/tq-kmean.h): logits exact in every mode, s tied
 /// on RoPE pairs, energy-preserving, the Cauchy-Schwarz optimum, commuting with RoPE.
 #[test]
 fn k_q_channel_balancing_is_logit_exact_and_rope_tied() {
     check(|e, n| unsafe { tq_test_kbal(e, n) });
 }
 
-/// The K mean in RoPE's frame (ggml-ext/include/tq-kmean-rope.h): every logit exact per key
+/// The K mean in RoPE's frame (ggml-ext/llama/tq-kmean-rope.h): every logit exact per key
 /// through the per-head mask and through the f32 keys, SET and KEEP, with and without
 /// balancing, both RoPE layouts; SET takes the roped common component out at every position.
 #[test]
@@ -179,7 +179,7 @@ fn k_mean_in_rope_frame_is_logit_exact_per_key() {
     check(|e, n| unsafe { tq_test_kmean_rope(e, n) });
 }
 
-/// The SET statistics' token weights (tq_kmean_stat_weights in ggml-ext/include/tq-kmean.h):
+/// The SET statistics' token weights (tq_kmean_stat_weights in ggml-ext/llama/tq-kmean.h):
 /// position 0 counts nothing where the first keys are exact, and then an outlier key there
 /// leaves the stored pre-RoPE mean at the other tokens' mean, which equal weights do not.
 #[test]
@@ -187,7 +187,7 @@ fn k_statistics_leave_out_the_exact_first_key() {
     check(|e, n| unsafe { tq_test_kmean_stat_w(e, n) });
 }
 
-/// The exact first keys (ggml-ext/include/tq-sink.h): slots written as llama writes them;
+/// The exact first keys (ggml-ext/llama/tq-sink.h): slots written as llama writes them;
 /// the prefill path and every flash-attention tile path over turbo K/V read a slot's exact
 /// row exactly where a cell at position 0 matches it byte for byte, per KV head, and never
 /// the write-only last row.

@@ -89,7 +89,7 @@ fn ppl(ctk: &str, ctv: &str, rpc: Option<&str>, env: &[(&str, &str)]) -> f64 {
 /// Every cache type gives bit-identical perplexity through RPC: the same CPU kernels run on
 /// the other side. For turbo caches the local reference runs with `TQ_PREFILL_DECODE=0`:
 /// on a host-memory cache llama's graph decodes turbo K/V to f32 for prompt batches and
-/// uses ggml's tiled flash-attention kernel (ggml-ext/include/tq-ggml.h), a shortcut it
+/// uses ggml's tiled flash-attention kernel (ggml-ext/ggml/tq-ggml.h), a shortcut it
 /// cannot take on a remote buffer, where the per-row kernel reads the turbo blocks directly.
 /// The two kernels agree to rounding (tests/ggml_ops.rs), but a rounding-level difference
 /// in one layer flips a few borderline codebook indices in the next layer's cache, so the

@@ -1,6 +1,6 @@
 # tq_cuda_check_archs(<archs> <nvcc version>): refuse, at configure time, a CUDA architecture
 # older than Volta (sm_70). The turbo K.Q of the flash-attention vector kernel
-# (ggml-ext/cuda/tq-fattn.cuh) takes the f16 path's Q layout, which before Volta
+# (ggml-ext/ggml-cuda/tq-fattn.cuh) takes the f16 path's Q layout, which before Volta
 # (ggml_cuda_get_max_cpy_bytes() == 8) is 16 threads of 4 values per row instead of 8 of 8,
 # a layout that was never compiled or tested (CUDA 13 cannot build for it), so it is refused
 # here by name rather than failing deep inside a template instance.

@@ -1,7 +1,7 @@
 # Included by the patched ggml/src/ggml-cuda/CMakeLists.txt right after the ggml-cuda target
 # is defined (GGML_CUDA=ON).
 #
-# Adds our headers (ggml-ext/cuda) to ggml-cuda and generates one flash-attention vector
+# Adds our headers (ggml-ext/ggml-cuda) to ggml-cuda and generates one flash-attention vector
 # kernel instance file per turbo K/V pair, the way upstream's template-instances/ are laid
 # out, into the build tree: nothing generated is committed, and the pair list has one source
 # (TQ_FATTN_FOR_EACH_PAIR in tq-fattn.cuh and TQ_TCQ_FATTN_FOR_EACH_PAIR in tq-tcq-fattn.cuh,
@@ -39,7 +39,7 @@ foreach (D IN LISTS TQ_CUDA_FA_HEAD_SIZES)
 endforeach()
 
 # ggml-cuda's own folder too: the generated instances include its fattn-vec.cuh.
-target_include_directories(ggml-cuda PRIVATE "${TQ_EXT_DIR}/cuda" "${TQ_EXT_DIR}/include" "${CMAKE_CURRENT_SOURCE_DIR}")
+target_include_directories(ggml-cuda PRIVATE "${TQ_EXT_DIR}/ggml-cuda" "${TQ_EXT_DIR}/abi" "${TQ_EXT_DIR}/ggml" "${CMAKE_CURRENT_SOURCE_DIR}")
 
 set(TQ_CUDA_GEN_DIR "${CMAKE_CURRENT_BINARY_DIR}/tq-template-instances")
 set(TQ_CUDA_FA_SRCS "")

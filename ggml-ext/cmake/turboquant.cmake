@@ -4,11 +4,16 @@
 # TQ_RUST_LIB  optional path of libturboquant_capi.a. The Rust binaries (cargo build) link the
 #              codec themselves and leave this unset; set it when building llama.cpp's own
 #              executables (test-backend-ops, scripts/gpu-check.sh) so they resolve tq_*.
-if (NOT TQ_EXT_DIR OR NOT EXISTS "${TQ_EXT_DIR}/include/turboquant.h")
+if (NOT TQ_EXT_DIR OR NOT EXISTS "${TQ_EXT_DIR}/abi/turboquant.h")
     message(FATAL_ERROR "turboquant: set -DTQ_EXT_DIR=<repo>/ggml-ext (this tree carries turboquant patches)")
 endif()
 
-target_include_directories(ggml-base PUBLIC "${TQ_EXT_DIR}/include")
+# Our folders mirror the patch series (docs/ARCHITECTURE.md): the C ABI, ggml core glue,
+# ggml-cpu, llama, tools. ggml-base carries them all so that every target that links ggml
+# (llama, common, the tools) finds the header its patch line includes.
+foreach(tq_dir abi ggml ggml-cpu llama tools)
+    target_include_directories(ggml-base PUBLIC "${TQ_EXT_DIR}/${tq_dir}")
+endforeach()
 
 if (TQ_RUST_LIB)
     if (NOT EXISTS "${TQ_RUST_LIB}")

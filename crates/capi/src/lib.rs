@@ -1,4 +1,4 @@
-//! The C ABI of `ggml-ext/include/turboquant.h`.
+//! The C ABI of `ggml-ext/abi/turboquant.h`.
 //!
 //! Every function runs its body inside `std::panic::catch_unwind`: a panic
 //! (a bug) never unwinds into C; checked functions then return

@@ -55,7 +55,7 @@ fn c_program_links_and_round_trips() {
             .arg("-Wall")
             .arg("-Werror")
             .arg("-I")
-            .arg(root.join("../../ggml-ext/include"))
+            .arg(root.join("../../ggml-ext/abi"))
             .arg(root.join("tests/c/abi_test.c"))
             .arg(&lib)
             .args(["-lpthread", "-ldl", "-lm", "-lrt", "-lutil", "-o"])

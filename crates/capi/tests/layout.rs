@@ -7,9 +7,9 @@ use turboquant_codec::{BlockTurbo2, BlockTurbo3, BlockTurbo4};
 fn bindings() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     bindgen::Builder::default()
-        .header(root.join("ggml-ext/include/turboquant.h").to_string_lossy())
+        .header(root.join("ggml-ext/abi/turboquant.h").to_string_lossy())
         .header(
-            root.join("ggml-ext/include/turboquant_tables.h")
+            root.join("ggml-ext/abi/turboquant_tables.h")
                 .to_string_lossy(),
         )
         .layout_tests(true)

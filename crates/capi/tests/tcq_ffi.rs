@@ -420,7 +420,7 @@ fn header_defines_the_trellis_type_ids() {
     // (every declared function is checked by crates/capi/tests/exports.rs)
     let h = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../ggml-ext/include/turboquant.h"
+        "/../../ggml-ext/abi/turboquant.h"
     ))
     .unwrap();
     assert!(h.contains(&format!("TQ_TURBO3_TCQ = {TQ_TURBO3_TCQ}")));

@@ -18,7 +18,7 @@
 //! (well inside the required `1e-10`).
 //!
 //! `crates/gen` renders [`codec_codebooks`] into the checked-in `crates/codec/src/tables.rs`
-//! and `ggml-ext/include/turboquant_tables.h` (its test regenerates and compares).
+//! and `ggml-ext/abi/turboquant_tables.h` (its test regenerates and compares).
 
 use std::sync::OnceLock;
 

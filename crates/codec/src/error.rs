@@ -3,7 +3,7 @@
 /// Errors returned by the codec's checked entry points.
 ///
 /// Every variant maps onto one of the negative `TQ_ERR_*` codes of
-/// `ggml-ext/include/turboquant.h` (see [`TqError::code`]).
+/// `ggml-ext/abi/turboquant.h` (see [`TqError::code`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TqError {
     /// The type id is not 2, 3 or 4.

@@ -49,7 +49,7 @@ fn compiled_tables_match_trainer() {
 fn header_values_parse_back_to_compiled_tables() {
     // The C header is read back as text: every float literal, in order.
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../ggml-ext/include/turboquant_tcq_tables.h");
+        .join("../../ggml-ext/abi/turboquant_tcq_tables.h");
     let h = std::fs::read_to_string(path).unwrap();
     for (name, table) in [
         ("TQ_TCQ3_TABLE", &TCQ3_TABLE[..]),

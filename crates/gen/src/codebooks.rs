@@ -47,7 +47,7 @@ pub fn render_rust_tables() -> String {
     s
 }
 
-/// The text of `ggml-ext/include/turboquant_tables.h`.
+/// The text of `ggml-ext/abi/turboquant_tables.h`.
 pub fn render_c_tables() -> String {
     let mut s = String::new();
     s.push_str(&format!("/*\n * turboquant_tables.h - {BANNER}\n *\n"));

@@ -33,7 +33,7 @@ pub fn all() -> Vec<Generated> {
             text: codebooks::render_rust_tables(),
         },
         Generated {
-            path: "ggml-ext/include/turboquant_tables.h",
+            path: "ggml-ext/abi/turboquant_tables.h",
             text: codebooks::render_c_tables(),
         },
         Generated {
@@ -41,11 +41,11 @@ pub fn all() -> Vec<Generated> {
             text: tcq_tables::render_rust_tables(&t3, &t2),
         },
         Generated {
-            path: "ggml-ext/include/turboquant_tcq_tables.h",
+            path: "ggml-ext/abi/turboquant_tcq_tables.h",
             text: tcq_tables::render_c_tables(&t3, &t2),
         },
         Generated {
-            path: "ggml-ext/include/turboquant_types.h",
+            path: "ggml-ext/abi/turboquant_types.h",
             text: types_header::render(),
         },
     ]

@@ -40,7 +40,7 @@ pub fn render_rust_tables(t3: &[f32], t2: &[f32]) -> String {
     s
 }
 
-/// `ggml-ext/include/turboquant_tcq_tables.h` for the given tables.
+/// `ggml-ext/abi/turboquant_tcq_tables.h` for the given tables.
 pub fn render_c_tables(t3: &[f32], t2: &[f32]) -> String {
     let [r3, r2] = CODEC_RECIPES;
     let mut s = format!("/*\n * turboquant_tcq_tables.h - {BANNER}\n *\n");

@@ -1,4 +1,4 @@
-//! `ggml-ext/include/turboquant_types.h`: the type table (crates/codec/src/types.rs)
+//! `ggml-ext/abi/turboquant_types.h`: the type table (crates/codec/src/types.rs)
 //! as C macros, so C, C++ and CUDA read block sizes and bits from the same rows as Rust.
 
 use turboquant_codec::types::{Family, TYPES};

@@ -520,7 +520,7 @@ pub fn roundtrip_rows(codec: Codec, dim: usize, rot_dim: usize, rows: &[f32]) ->
 }
 
 // ---------------------------------------------------------------------------------------
-// K mean removal (llama.cpp's turbo K caches, ggml-ext/include/tq-kmean.h)
+// K mean removal (llama.cpp's turbo K caches, ggml-ext/llama/tq-kmean.h)
 
 /// Keys of the first ubatch at llama.cpp's default `-ub 512`: the K mean is their mean.
 pub const K_MEAN_TOKENS: usize = 512;
@@ -632,7 +632,7 @@ pub fn roundtrip_keys(
 
 // ---------------------------------------------------------------------------------------
 // K mean in RoPE's frame (llama.cpp's default with the model on the CPU,
-// ggml-ext/include/tq-kmean-rope.h)
+// ggml-ext/llama/tq-kmean-rope.h)
 
 /// Channels `(a, b)` of RoPE pair `i` in a head of `dim` values: `(i, i + dim/2)` for NEOX,
 /// `(2i, 2i + 1)` otherwise (tq-kmean-rope.h's `tq_rf_ch`).

@@ -6,7 +6,7 @@
 //! `encode(x)`; every update keeps it (the two cells are pooled). The
 //! trainer is deterministic (SplitMix64, f64 sums in a fixed order); `crates/gen`
 //! renders its output into the checked-in `crates/codec/src/tcq/tables.rs` and
-//! `ggml-ext/include/turboquant_tcq_tables.h` (its test retrains and compares).
+//! `ggml-ext/abi/turboquant_tcq_tables.h` (its test retrains and compares).
 
 use super::codec::{encode_states, EncodeOpts};
 use super::viterbi::{Scratch, Trellis};

@@ -11,7 +11,7 @@
 //
 // The codec functions are __host__ __device__: compiled for the host (with
 // -ffp-contract=off), the same source runs on a machine without a GPU, which is how CI checks
-// it against the Rust codec (ggml-ext/cuda/tq-parity.cu --host). The TQ_* shims below map each
+// it against the Rust codec (ggml-ext/ggml-cuda/tq-parity.cu --host). The TQ_* shims below map each
 // exactly rounded operation to its intrinsic on the device and to plain IEEE arithmetic on the
 // host.
 #pragma once

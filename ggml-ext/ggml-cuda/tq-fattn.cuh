@@ -107,7 +107,7 @@ static __device__ __forceinline__ void tq_fattn_vec_prologue() {
     tq_tcq_fattn_prologue<type_K, type_V>();
 }
 
-// The K/V pairs we compile vector kernels for (ggml-ext/cuda/turboquant-cuda.cmake generates
+// The K/V pairs we compile vector kernels for (ggml-ext/ggml-cuda/turboquant-cuda.cmake generates
 // one instance file per pair): every pair of {turbo2, turbo3, turbo4, q8_0, f16} with at
 // least one turbo side, at head sizes 64, 128 and 256.
 #define TQ_FATTN_FOR_EACH_PAIR(X)                                                               \

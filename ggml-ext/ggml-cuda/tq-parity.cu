@@ -6,7 +6,7 @@
 // the f32 bits. Exit status 0 only if everything is identical.
 //
 //   nvcc -std=c++17 -arch=sm_90 -use_fast_math -Xcompiler -ffp-contract=off
-//        -I ggml-ext/include -I ggml-ext/cuda ggml-ext/cuda/tq-parity.cu
+//        -I ggml-ext/abi -I ggml-ext/ggml -I ggml-ext/ggml-cuda ggml-ext/ggml-cuda/tq-parity.cu
 //        target/release/libturboquant_capi.a -lpthread -ldl -lm -o tq-parity     (one command)
 //   tq-parity           # on the GPU (and on the host too)
 //   tq-parity --host    # the same source compiled for the host only: runs without a GPU (CI)
