@@ -165,8 +165,14 @@ fn cuda_backend_claims_and_implements_the_trellis_types() {
             "ggml-ext/ggml-cuda/tq-cuda-set-rows.cuh",
             "tq_tcq_set_rows_launch<idx_t, 2>",
         ),
-        ("ggml-ext/ggml-cuda/tq-cuda-cpy.cuh", "tq_tcq_cpy_f32_launch<3>"),
-        ("ggml-ext/ggml-cuda/tq-cuda-cpy.cuh", "tq_tcq_cpy_f32_launch<2>"),
+        (
+            "ggml-ext/ggml-cuda/tq-cuda-cpy.cuh",
+            "tq_tcq_cpy_f32_launch<3>",
+        ),
+        (
+            "ggml-ext/ggml-cuda/tq-cuda-cpy.cuh",
+            "tq_tcq_cpy_f32_launch<2>",
+        ),
         (
             "ggml-ext/ggml-cuda/tq-cuda-cpy.cuh",
             "tq_cuda_dequantize_turbo3_tcq",

@@ -14,6 +14,7 @@ extern "C" {
     fn tq_test_kmean_rope(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean_stat_w(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_sink(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_fa_contract(err: *mut c_char, cap: usize, n_devices: *mut c_int) -> c_int;
     #[allow(clippy::too_many_arguments)]
     fn tq_test_flash_attn_tiles(
         k_type: c_int,
@@ -194,4 +195,15 @@ fn k_statistics_leave_out_the_exact_first_key() {
 #[test]
 fn first_keys_exact_where_the_bytes_match() {
     check(|e, n| unsafe { tq_test_sink(e, n) });
+}
+
+/// The turbo K terms of flash attention (ggml-ext/ggml/tq-fa-contract.h) are an explicit
+/// contract: every device of this build answers ggml's supports_op for an op that carries
+/// them, and only the ones that compute them say yes (the CPU over turbo K and V); a device
+/// without them refuses, so the scheduler never hands it an op whose logits it would change.
+#[test]
+fn flash_attn_k_terms_run_or_are_refused_on_every_device() {
+    let mut n: c_int = 0;
+    check(|e, c| unsafe { tq_test_fa_contract(e, c, &mut n) });
+    assert!(n >= 1, "no ggml device registered");
 }

@@ -54,7 +54,8 @@ impl Drop for RpcServer {
 }
 
 /// PPL over 4 chunks of 128 tokens, locally or (`rpc`) with everything on the RPC device.
-fn ppl(ctk: &str, ctv: &str, rpc: Option<&str>, env: &[(&str, &str)]) -> f64 {
+/// Returns the PPL and the run's log.
+fn ppl(ctk: &str, ctv: &str, rpc: Option<&str>, env: &[(&str, &str)]) -> (f64, String) {
     let mut cmd = perplexity_cmd(&corpus());
     cmd.args([
         "-c", "128", "--chunks", "4", "-b", "128", "-t", "1", "-fa", "on",
@@ -82,43 +83,115 @@ fn ppl(ctk: &str, ctv: &str, rpc: Option<&str>, env: &[(&str, &str)]) -> f64 {
             "no {ctk} cache:\n{out}"
         );
     }
-    number_after(&out, "Final estimate: PPL = ")
-        .unwrap_or_else(|| panic!("no final estimate in:\n{out}"))
+    let p = number_after(&out, "Final estimate: PPL = ")
+        .unwrap_or_else(|| panic!("no final estimate in:\n{out}"));
+    (p, out)
+}
+
+/// What the turbo K path of a run's log says: the mean in RoPE's frame and the exact first
+/// keys both on (the turbo K terms of flash attention, ggml-ext/ggml/tq-fa-contract.h).
+fn assert_full_turbo_k_path(out: &str, what: &str) {
+    assert!(
+        out.contains("turbo K mean in RoPE's frame: on"),
+        "{what}: the K mean in RoPE's frame is not on:\n{out}"
+    );
+    assert!(
+        out.contains("turbo exact first keys: on"),
+        "{what}: the exact first keys are not on:\n{out}"
+    );
 }
 
 /// Every cache type gives bit-identical perplexity through RPC: the same CPU kernels run on
-/// the other side. For turbo caches the local reference runs with `TQ_PREFILL_DECODE=0`:
-/// on a host-memory cache llama's graph decodes turbo K/V to f32 for prompt batches and
-/// uses ggml's tiled flash-attention kernel (ggml-ext/ggml/tq-ggml.h), a shortcut it
-/// cannot take on a remote buffer, where the per-row kernel reads the turbo blocks directly.
-/// The two kernels agree to rounding (tests/ggml_ops.rs), but a rounding-level difference
-/// in one layer flips a few borderline codebook indices in the next layer's cache, so the
-/// quantization noise is a different draw and PPL moves by the size of that noise (local
-/// with the shortcut 22.0043, without it and through RPC 21.5079). With the same kernel on
-/// both sides the results must be identical, with and without K mean removal. The K mean in
-/// RoPE's frame runs only where the model has no device but the CPU, so an RPC run keeps the
-/// fitted mean (its log says so) and the local reference is asked for the same.
+/// the other side. That includes the turbo K terms of flash attention (the K mean in RoPE's
+/// frame and the exact first keys, tq-fa-contract.h), which travel as ordinary sources of
+/// the op; the host ops that compute their inputs are refused by the RPC device (a function
+/// pointer means nothing on the server) and run on this machine's CPU, and the prefill
+/// decodes turbo K/V to f32 on the server as it does locally. With and without K mean removal.
 #[test]
 fn perplexity_through_rpc_server_is_bit_identical() {
     let mut srv = RpcServer::start();
     let ep = srv.endpoint.clone();
     for t in ["f16", "q8_0"] {
-        let (local, remote) = (ppl(t, t, None, &[]), ppl(t, t, Some(&ep), &[]));
+        let (local, remote) = (ppl(t, t, None, &[]).0, ppl(t, t, Some(&ep), &[]).0);
         eprintln!("{t}: local {local}, through RPC {remote}");
         assert_eq!(local, remote, "{t}: PPL through RPC differs");
     }
     for kmean in ["1", "0"] {
-        let env = [
-            ("TQ_PREFILL_DECODE", "0"),
-            ("TQ_K_MEAN", kmean),
-            ("TQ_K_MEAN_FRAME", "fitted"),
-        ];
-        let local = ppl("turbo4", "turbo3", None, &env);
-        let remote = ppl("turbo4", "turbo3", Some(&ep), &env);
+        let env = [("TQ_K_MEAN", kmean)];
+        let (local, _) = ppl("turbo4", "turbo3", None, &env);
+        let (remote, log) = ppl("turbo4", "turbo3", Some(&ep), &env);
+        if kmean == "1" {
+            assert_full_turbo_k_path(&log, "turbo4/turbo3 through RPC");
+        }
         eprintln!("turbo4/turbo3 (TQ_K_MEAN={kmean}): local {local}, through RPC {remote}");
         assert_eq!(
             local, remote,
             "turbo4/turbo3 TQ_K_MEAN={kmean}: PPL through RPC differs"
+        );
+    }
+    assert!(srv.alive(), "ggml-rpc-server died");
+}
+
+/// Mean KLD against `base` (f16 logits) at ctx 4096, one chunk, locally or through RPC.
+fn kld_4096(ctk: &str, ctv: &str, base: &std::path::Path, rpc: Option<&str>) -> (f64, String) {
+    let mut cmd = perplexity_cmd(&corpus());
+    cmd.args([
+        "-c", "4096", "--chunks", "1", "-t", "2", "-fa", "on", "-lv", "4",
+    ])
+    .args([
+        "-ctk",
+        ctk,
+        "-ctv",
+        ctv,
+        "--kl-divergence",
+        "--kl-divergence-base",
+    ])
+    .arg(base);
+    if let Some(ep) = rpc {
+        cmd.args(["--rpc", ep, "-ngl", "99"]);
+    }
+    let o = run(&mut cmd);
+    let out = text(&o);
+    assert!(
+        o.status.success(),
+        "llama-perplexity {ctk}/{ctv} rpc {rpc:?} failed:\n{out}"
+    );
+    let k = number_after(&out, "Mean    KLD: ").unwrap_or_else(|| panic!("no KLD in:\n{out}"));
+    (k, out)
+}
+
+/// The long-context target: at ctx 4096 on SmolLM2 an RPC device gives the CPU's
+/// KLD (within 1 %; measured: equal to the last digit) for turbo4/turbo4 and turbo3/turbo3,
+/// with the whole turbo K path on. Before the contract, a model with any device besides the
+/// CPU fell back to the fitted mean without the first keys: 2-3x the KLD.
+#[test]
+fn rpc_gives_the_cpu_kld_at_4096() {
+    let base =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-rpc-f16-4096.kld");
+    let o = run(perplexity_cmd(&corpus())
+        .args([
+            "-c",
+            "4096",
+            "--chunks",
+            "1",
+            "-t",
+            "2",
+            "-fa",
+            "on",
+            "--kl-divergence-base",
+        ])
+        .arg(&base));
+    assert!(o.status.success(), "f16 base failed:\n{}", text(&o));
+    let mut srv = RpcServer::start();
+    let ep = srv.endpoint.clone();
+    for t in ["turbo4", "turbo3"] {
+        let (local, _) = kld_4096(t, t, &base, None);
+        let (remote, log) = kld_4096(t, t, &base, Some(&ep));
+        assert_full_turbo_k_path(&log, &format!("{t} through RPC"));
+        eprintln!("{t}/{t} ctx 4096: KLD local {local}, through RPC {remote}");
+        assert!(
+            (remote - local).abs() <= 0.01 * local,
+            "{t}: KLD through RPC {remote} vs the CPU's {local} (want within 1 %)"
         );
     }
     assert!(srv.alive(), "ggml-rpc-server died");

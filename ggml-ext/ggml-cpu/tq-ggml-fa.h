@@ -537,14 +537,29 @@ static inline void tq_ggml_fa_store(struct ggml_tensor *dst, const struct ggml_t
     }
 }
 
+/* The CPU runs the turbo K terms (tq-fa-contract.h) only in the tiles below, over turbo K
+   and V: a flash attention that carries them otherwise stops here with the reason, rather
+   than run upstream's kernels, which would leave them out. The scheduler never sends one
+   (ggml_backend_dev_supports_op asks tq_fa_k_terms_supported first); this guards callers
+   that compute a graph directly. */
+static inline void tq_ggml_fa_check_k_terms(const struct ggml_tensor *dst) {
+    if (!tq_fa_has_k_terms(dst)) return;
+    if (!tq_fa_k_terms_valid(dst) || !TQ_GGML_IS_TURBO(dst->src[1]->type) || !TQ_GGML_IS_TURBO(dst->src[2]->type) ||
+        dst->src[0]->type != GGML_TYPE_F32) {
+        GGML_ABORT("%s: flash attention with turbo K terms over K %s, V %s, Q %s: the CPU runs them only over turbo K and V "
+                   "with f32 Q and the layout of tq-fa-contract.h", dst->name, ggml_type_name(dst->src[1]->type),
+                   ggml_type_name(dst->src[2]->type), ggml_type_name(dst->src[0]->type));
+    }
+}
+
 static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params, struct ggml_tensor *dst, int ir0,
                                        int ir1, int64_t ic_start, int64_t ic_end, float *partials,
                                        int64_t partial_stride) {
     const struct ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2];
     const struct ggml_tensor *mask = dst->src[3], *sinks = dst->src[4];
     const tq_ggml_mad_t v_mad = tq_ggml_mad_fn(v->type);
-    /* a per-key term (tq-fa-term.h) is only added here: llama attaches one only over a turbo V */
-    const tq_fa_term_t term = tq_fa_term_of(mask);
+    /* the turbo K terms (tq-fa-contract.h) run only here: the CPU takes them only over a turbo V */
+    const tq_fa_term_t term = tq_fa_term_of(dst);
     GGML_ASSERT(!term.marked || (v_mad && term.T && term.hd == k->ne[0] && term.n_head == q->ne[2] &&
                                  term.n_tokens == q->ne[1] * q->ne[3] && term.n_cells == k->ne[1] * k->ne[3]));
     /* the exact first keys' slots hold whole cache rows of K's type, head after head */

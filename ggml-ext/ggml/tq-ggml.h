@@ -103,7 +103,9 @@ static inline tq_ggml_mad_t tq_ggml_mad_fn(int ggml_type) {
    decodes K and V to f32 once per layer (a transient compute buffer of n_kv x heads x
    head_dim x 8 bytes) and runs the tiled kernel. One-token decode never pays it.
    TQ_PREFILL_DECODE=0 in the environment turns it off; it is read once (the first graph
-   built), not per layer or per graph. */
+   built), not per layer or per graph. A cache behind RPC takes it too: the server runs the
+   same two standard ops (CPY to f32, flash attention), so a model gives the same logits
+   there as on this machine's CPU. Other devices keep their own kernels. */
 #define TQ_PREFILL_DECODE_MIN_TOKENS 64
 static inline int tq_ggml_prefill_decode_enabled(void) {
     static int on = -1; /* benign race: every thread reads the same environment */
@@ -120,7 +122,9 @@ static inline int tq_ggml_decode_for_prefill(const struct ggml_tensor *k, const 
     if (!TQ_GGML_IS_TURBO(k->type) && !TQ_GGML_IS_TURBO(v->type)) return 0;
     if (!TQ_GGML_IS_TURBO(k->type) && k->type != GGML_TYPE_F16 && k->type != GGML_TYPE_F32) return 0;
     if (!TQ_GGML_IS_TURBO(v->type) && v->type != GGML_TYPE_F16 && v->type != GGML_TYPE_F32) return 0;
-    return root->buffer != NULL && ggml_backend_buffer_is_host(root->buffer);
+    if (root->buffer == NULL) return 0;
+    return ggml_backend_buffer_is_host(root->buffer) ||
+           strncmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(root->buffer)), "RPC", 3) == 0;
 }
 
 /* The rotation input tensor of a turbo cache holds our seeded matrix instead of the plain

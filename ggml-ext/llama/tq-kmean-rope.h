@@ -20,8 +20,9 @@
  * mean is mu' = s mu.
  *
  * Where the term goes (attention stays exact either way):
- *   - a ubatch of few queries (decode) over turbo K and V with CPU flash attention: the
- *     tiles add A.T to each key's score next to q.k (tq-fa-term.h, tq_rf_term_mask);
+ *   - a ubatch of few queries (decode) over turbo K and V with flash attention: A and T
+ *     become sources of the flash attention (the turbo K terms, ggml-ext/ggml/tq-fa-contract.h),
+ *     which adds A.T to each key's score next to q.k, or is refused by a backend that cannot;
  *   - other decodes: added to the attention mask, which becomes per head
  *     ([n_kv, n_tokens, n_head]); flash attention and soft_max take a per-head mask;
  *   - a larger ubatch (prefill): K is decoded to f32 and R_p mu' (rotated like K) added back
@@ -38,7 +39,7 @@
 #define TQ_KMEAN_ROPE_H
 
 #include "ggml.h"
-#include "tq-fa-term.h"
+#include "tq-fa-contract.h"
 #include "tq-sink.h"
 
 /* k_mean tensors of a cache that keeps the mean in RoPE's frame carry this mark in the last
@@ -238,42 +239,6 @@ static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, g
     ggml_tensor * m = mask->type == GGML_TYPE_F32 ? mask : ggml_cast(ctx, mask, GGML_TYPE_F32);
     b = ggml_add(ctx, ggml_scale(ctx, b, kq_scale), m);
     return mask->type == GGML_TYPE_F32 ? b : ggml_cast(ctx, b, mask->type);
-}
-
-/* Decode where CPU flash attention runs over turbo K and V: the mask as a marked view that
-   carries T [hd, n_kv], A [hd, nq, nt], the cells' positions P and T's first columns U to the
-   kernel, which adds A.T to each key's score (tq-fa-term.h). Exact as tq_rf_mask, and inside
-   the softcap where there is one. sink_rows, sink_q: the exact first keys' slots as written
-   for this ubatch (tq-sink.h), or NULL. */
-static inline ggml_tensor * tq_rf_term_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T,
-                                            ggml_tensor * P, ggml_tensor * U, ggml_tensor * sink_rows = nullptr,
-                                            ggml_tensor * sink_q = nullptr, ggml_tensor * sink_cells = nullptr) {
-    GGML_ASSERT(A->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && A->ne[0] == T->ne[0]);
-    GGML_ASSERT(P->type == GGML_TYPE_I32 && P->ne[0] == T->ne[1] && U->type == GGML_TYPE_F32 && U->ne[0] == T->ne[0] &&
-                U->ne[1] == TQ_FA_TERM_STEPS);
-    GGML_ASSERT(mask->ne[0] * mask->ne[3] == T->ne[1] && mask->ne[1] * mask->ne[3] == A->ne[2] && mask->ne[2] == 1);
-    ggml_tensor * m = ggml_view_4d(ctx, mask, mask->ne[0], mask->ne[1], mask->ne[2], mask->ne[3], mask->nb[1], mask->nb[2],
-                                   mask->nb[3], 0);
-    m->src[1] = ggml_is_contiguous(T) ? T : ggml_cont(ctx, T);
-    m->src[2] = ggml_is_contiguous(A) ? A : ggml_cont(ctx, A);
-    m->src[3] = P;
-    m->src[4] = U;
-    m->src[5] = sink_rows;
-    m->src[6] = sink_q;
-    m->src[7] = sink_cells;
-    // the graph allocator frees a tensor once its last consumer ran, and the consumer it sees
-    // here is this view, not the flash attention that reads T and A through it: without the
-    // output mark their memory could go to a later node before the kernel reads them (measured:
-    // a sequence's logits changed with what was batched with it). Outputs are never freed.
-    ggml_set_output(m->src[1]);
-    ggml_set_output(m->src[2]);
-    ggml_set_output(P);
-    ggml_set_output(U);
-    if (sink_cells) {
-        ggml_set_output(sink_cells);
-    }
-    m->op_params[TQ_FA_TERM_SLOT] = TQ_FA_TERM_MAGIC;
-    return m;
 }
 
 /* Prefill: the cache's keys k [hd, nkv, n_kv, ns] (the cache's type, rotated) as f32 with

@@ -50,12 +50,11 @@ public:
             }
             ggml_backend_tensor_set(sink_idx, idx.data(), 0, ggml_nbytes(sink_idx));
         }
-        if (sink_cells) {
-            kv->tq_sink_fill_cells(*ubatch, sink_cells, kv_streams);
+        if (cells) {
+            kv->tq_sink_fill_cells(*ubatch, cells, kv_streams, cells_slots);
         }
         for (size_t i = 0; i < tab_ub.size(); ++i) {
-            kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i], tab_kv[i], kv_streams, i < pos_kv.size() ? pos_kv[i] : nullptr,
-                                   i < steps.size() ? steps[i] : nullptr);
+            kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i], tab_kv[i], kv_streams, cells);
         }
     }
 
@@ -75,14 +74,22 @@ public:
 
     // the mean in RoPE's frame (tq-kmean-rope.h), per set of RoPE frequencies: the position
     // tables of the ubatch's tokens [hd, n_tokens] and of the cells in view [hd, n_kv * the
-    // view's streams]; for the flash-attention tiles the cells' positions [n_kv * streams] and
-    // the table's first TQ_FA_TERM_STEPS columns (tq-fa-term.h); per layer, the per-key term's
+    // view's streams + TQ_FA_TERM_STEPS] (T of tq-fa-contract.h); per layer, the per-key term's
     // coefficients from tq_kmean_apply
-    std::vector<ggml_tensor *> tab_ub, tab_kv, pos_kv, steps;
+    std::vector<ggml_tensor *> tab_ub, tab_kv;
     int64_t kv_streams = 1;
     std::vector<ggml_tensor *> coeffs;
     ggml_tensor * sink_idx = nullptr; // i64 [n_tokens]: each token's slot of the exact first keys
-    ggml_tensor * sink_cells = nullptr; // i32 [n_kv * the view's streams]: each cell's slot (-1: none)
+    // i32 [n_kv * the view's streams, 2]: each cell's position and its slot of the exact first
+    // keys (C of tq-fa-contract.h; slots all -1 unless cells_slots)
+    ggml_tensor * cells = nullptr;
+    bool cells_slots = false;
+
+    // per layer, the turbo K terms its flash attention takes (tq_llama_fa_k_terms)
+    struct fa_terms {
+        ggml_tensor * A = nullptr, * T = nullptr, * C = nullptr, * R = nullptr, * RQ = nullptr;
+    };
+    std::vector<fa_terms> fa;
 };
 
 // The position table of RoPE frequency set `set` for n columns (ubatch tokens or cells).
@@ -213,10 +220,11 @@ static inline bool tq_sink_graph(ggml_context * ctx, tq_kmean_input * in, const 
 
 // The patch's call in build_attn after the mask is known: with the mean in RoPE's frame
 // (tq-kmean-rope.h) the per-key term q.R_p mu' goes back into attention: for few queries
-// through the turbo flash-attention tiles (flash_attn on, K and V turbo) or else a per-head
-// mask, for a prefill into K decoded to f32 (rot: the cache's rotation). Where the tiles run,
-// the first keys are kept exact (tq-sink.h): k_cur, the ubatch's K as the cache got it, goes
-// to their slots too, and the tiles and the prefill path read them.
+// as the turbo K terms of flash attention (flash_attn on, K and V turbo; tq-fa-contract.h,
+// attached by tq_llama_fa_k_terms), or else a per-head mask, for a prefill into K decoded to
+// f32 (rot: the cache's rotation). Where the terms go to flash attention, the first keys are
+// kept exact (tq-sink.h): k_cur, the ubatch's K as the cache got it, goes to their slots too,
+// and flash attention and the prefill path read them.
 static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor ** kq_mask, ggml_tensor ** k,
                                     const ggml_tensor * v, bool flash_attn, const llama_kv_cache_context * mctx, int il,
                                     float kq_scale, ggml_tensor * rot, int rope_type, ggml_tensor * k_cur) {
@@ -229,42 +237,49 @@ static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, 
     }
     const int set = kv->tq_kmean_rope_set(il);
     in->kv_streams = (*k)->ne[3];
-    ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, (*k)->ne[2] * (*k)->ne[3], "tq_kmean_rope_kv");
-    GGML_ASSERT(tab->ne[1] == (*k)->ne[2] * (*k)->ne[3]);
-    const bool tiles = flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type);
+    const int64_t n_cells = (*k)->ne[2] * (*k)->ne[3];
+    ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, n_cells + TQ_FA_TERM_STEPS, "tq_kmean_rope_kv");
+    GGML_ASSERT(tab->ne[1] == n_cells + TQ_FA_TERM_STEPS);
+    ggml_tensor * tab_cells = ggml_view_2d(ctx, tab, tab->ne[0], n_cells, tab->nb[1], 0);
+    const bool terms = flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type);
     ggml_tensor * sink_rows = nullptr, * sink_q = nullptr;
-    const bool sink = tiles && tq_sink_graph(ctx, in, kv, il, k_cur, A->ne[2], &sink_rows, &sink_q);
+    const bool sink = terms && tq_sink_graph(ctx, in, kv, il, k_cur, A->ne[2], &sink_rows, &sink_q);
     const bool prefill = A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS;
-    if (in->pos_kv.size() <= (size_t) set) {
-        in->pos_kv.resize(set + 1, nullptr);
-        in->steps.resize(set + 1, nullptr);
+    // an input the graph does not read would have no memory: the cells only where flash
+    // attention or the prefill's first keys read them
+    if (!in->cells && ((terms && !prefill) || sink)) {
+        in->cells = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_cells, 2);
+        ggml_set_input(in->cells);
+        ggml_set_name(in->cells, "tq_kv_cells");
     }
-    if (!in->pos_kv[set] && !prefill && tiles) { // an input the graph does not read would have no memory
-        in->pos_kv[set] = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, tab->ne[1]);
-        ggml_set_input(in->pos_kv[set]);
-        ggml_format_name(in->pos_kv[set], "tq_kmean_rope_pos_%d", set);
-    }
-    if (sink && !in->sink_cells) {
-        in->sink_cells = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, tab->ne[1]);
-        ggml_set_input(in->sink_cells);
-        ggml_set_name(in->sink_cells, "tq_sink_cells");
-    }
-    GGML_ASSERT(!sink || in->sink_cells->ne[0] == tab->ne[1]);
+    in->cells_slots = in->cells_slots || sink;
+    GGML_ASSERT(!in->cells || in->cells->ne[0] == n_cells);
     if (prefill) {
         const int64_t hd = (*k)->ne[0];
         ggml_tensor * mu = tq_kmean_view(ctx, k_mean, hd, (*k)->ne[1]);
-        *k = tq_rf_keys(ctx, *k, mu, tab, rot, rope_type != LLAMA_ROPE_TYPE_NORM, llama_mul_mat_hadamard,
-                        sink ? in->sink_cells : nullptr, sink_rows, sink_q);
-    } else if (tiles) {
-        if (!in->steps[set]) {
-            in->steps[set] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, tab->ne[0], TQ_FA_TERM_STEPS);
-            ggml_set_input(in->steps[set]);
-            ggml_format_name(in->steps[set], "tq_kmean_rope_steps_%d", set);
+        ggml_tensor * slots = sink ? ggml_view_1d(ctx, in->cells, n_cells, in->cells->nb[1]) : nullptr;
+        *k = tq_rf_keys(ctx, *k, mu, tab_cells, rot, rope_type != LLAMA_ROPE_TYPE_NORM, llama_mul_mat_hadamard, slots,
+                        sink_rows, sink_q);
+    } else if (terms) {
+        if (in->fa.size() <= (size_t) il) {
+            in->fa.resize(il + 1);
         }
-        *kq_mask = tq_rf_term_mask(ctx, *kq_mask, A, tab, in->pos_kv[set], in->steps[set], sink_rows, sink_q,
-                                   sink ? in->sink_cells : nullptr);
+        in->fa[il] = { ggml_is_contiguous(A) ? A : ggml_cont(ctx, A), tab, in->cells, sink_rows, sink_q };
     } else {
-        *kq_mask = tq_rf_mask(ctx, *kq_mask, A, tab, kq_scale);
+        *kq_mask = tq_rf_mask(ctx, *kq_mask, A, tab_cells, kq_scale);
+    }
+}
+
+// The patch's call in build_attn_mha right after ggml_flash_attn_ext: the turbo K terms that
+// tq_llama_attn_kq chose for layer il become sources of the op (tq-fa-contract.h).
+static inline void tq_llama_fa_k_terms(llm_graph_result * res, ggml_tensor * fa, int il) {
+    for (auto & i : res->inputs) {
+        const auto * in = dynamic_cast<const tq_kmean_input *>(i.get());
+        if (in && (size_t) il < in->fa.size() && in->fa[il].A) {
+            const auto & t = in->fa[il];
+            tq_flash_attn_ext_set_k_terms(fa, t.A, t.T, t.C, t.R, t.RQ);
+            return;
+        }
     }
 }
 

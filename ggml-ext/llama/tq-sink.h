@@ -42,43 +42,10 @@
 #define TQ_SINK_H
 
 #include "ggml.h"
+#include "tq-fa-contract.h" /* the match rule, tq_sink_t */
 
 #include <stdint.h>
 #include <string.h>
-
-/* The slots of one layer as a kernel reads them. */
-typedef struct {
-    const float *rows; /* slot j, head h: rows + j * row_f + h * DK */
-    const char *q;     /* the same in K's type: q + j * row_q + h * (bytes of DK values) */
-    int64_t n_slots;   /* the readable slots (not the write-only last row) */
-    int64_t row_f;     /* floats per slot row */
-    size_t row_q;      /* bytes per quantized slot row */
-} tq_sink_t;
-
-/* The slots of f32 rows `rows` [n, n_slots + 1] and their copy `q` [n, n_slots + 1] in the
-   type of K; n_slots = 0 (none) when either is NULL or their layout is not this one. */
-static inline tq_sink_t tq_sink_of(const struct ggml_tensor *rows, const struct ggml_tensor *q) {
-    tq_sink_t s = { NULL, NULL, 0, 0, 0 };
-    if (!rows || !q || rows->type != GGML_TYPE_F32 || !ggml_is_contiguous(rows) || !ggml_is_contiguous(q) ||
-        rows->ne[0] != q->ne[0] || rows->ne[1] != q->ne[1] || rows->ne[1] < 2 || rows->ne[2] != 1 || q->ne[2] != 1) {
-        return s;
-    }
-    s.rows = (const float *) rows->data;
-    s.q = (const char *) q->data;
-    s.n_slots = rows->ne[1] - 1;
-    s.row_f = rows->ne[0];
-    s.row_q = q->nb[1];
-    return s;
-}
-
-/* The exact row (DK floats) of KV head h of a cell whose slot is j (the cells' slots: see
-   above; j < 0 or past the slots: none) when its stored bytes kb (head_bytes of them) equal
-   the slot's, or NULL. */
-static inline const float *tq_sink_find(const tq_sink_t *s, int64_t j, const void *kb, size_t head_bytes, int64_t h,
-                                        int64_t DK) {
-    if (!s || j < 0 || j >= s->n_slots || memcmp(s->q + j * s->row_q + h * head_bytes, kb, head_bytes) != 0) return NULL;
-    return s->rows + j * s->row_f + h * DK;
-}
 
 #ifdef __cplusplus
 
@@ -101,16 +68,18 @@ static inline void tq_sink_write(ggml_context * ctx, ggml_tensor * k_cur, ggml_t
 
 static inline void tq_sink_keys_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
-    // src[0]: K as f32 [hd, nkv, n_kv, ns] (dst is its view), src[1]: K in the cache's type,
+    // src[0]: K as f32 [hd, nkv, n_kv, ns], contiguous like dst; src[1]: K in the cache's type,
     // the same shape; src[2]: the cells' slots i32 [n_kv ns] (-1: none); src[3], src[4]: the slots
-    const ggml_tensor * kq = dst->src[1], * S = dst->src[2];
+    const ggml_tensor * k32 = dst->src[0], * kq = dst->src[1], * S = dst->src[2];
     const tq_sink_t s = tq_sink_of(dst->src[3], dst->src[4]);
     const int64_t hd = dst->ne[0], nkv = dst->ne[1], n_kv = dst->ne[2], ns = dst->ne[3];
     const size_t head_bytes = ggml_row_size(kq->type, hd);
     const int32_t * slot = (const int32_t *) S->data;
     for (int64_t r = ith; r < n_kv * ns; r += nth) {
-        if (slot[r] < 0) continue;
         const int64_t c = r % n_kv, st = r / n_kv;
+        memcpy((char *) dst->data + c * dst->nb[2] + st * dst->nb[3], (const char *) k32->data + c * k32->nb[2] + st * k32->nb[3],
+               (size_t) dst->nb[2]);
+        if (slot[r] < 0) continue;
         for (int64_t h = 0; h < nkv; ++h) {
             const char * kb = (const char *) kq->data + h * kq->nb[1] + c * kq->nb[2] + st * kq->nb[3];
             const float * x = tq_sink_find(&s, slot[r], kb, head_bytes, h, hd);
@@ -120,13 +89,15 @@ static inline void tq_sink_keys_op(ggml_tensor * dst, int ith, int nth, void * u
 }
 
 /* Prefill: k32 (the cache's keys k decoded to f32, contiguous) with every matching cell's
-   rows replaced by its slot's (the rule above). S: the cells' slots [n_kv ns]. */
+   rows replaced by its slot's (the rule above), as a new tensor: a host op (it runs on the
+   CPU wherever k32 lives), so it must not write into k32 in place. S: the cells' slots [n_kv ns]. */
 static inline ggml_tensor * tq_sink_keys(ggml_context * ctx, ggml_tensor * k32, ggml_tensor * k, ggml_tensor * S,
                                          ggml_tensor * rows, ggml_tensor * q) {
     GGML_ASSERT(k32->type == GGML_TYPE_F32 && ggml_is_contiguous(k32) && ggml_are_same_shape(k32, k) &&
                 S->type == GGML_TYPE_I32 && ggml_nelements(S) == k->ne[2] * k->ne[3] && k->nb[0] == ggml_type_size(k->type));
-    ggml_tensor * args[4] = { k, S, rows, q };
-    return ggml_custom_inplace(ctx, k32, args, 4, tq_sink_keys_op, GGML_N_TASKS_MAX, nullptr);
+    ggml_tensor * args[5] = { k32, k, S, rows, q };
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, k32->ne[0], k32->ne[1], k32->ne[2], k32->ne[3], args, 5, tq_sink_keys_op,
+                          GGML_N_TASKS_MAX, nullptr);
 }
 
 #endif /* __cplusplus */

@@ -691,14 +691,6 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
     ggml_tensor * mask = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F16, nt, nt);
     ggml_fp16_t * m = (ggml_fp16_t *) mask->data;
     for (int64_t i = 0; i < nt * nt; ++i) m[i] = ggml_fp32_to_fp16(nt > 2 && i % nt == 1 ? -INFINITY : 0.0f); // a hole at key 1
-    auto attn = [&](ggml_tensor * kk, ggml_tensor * vv, ggml_tensor * mm) {
-        ggml_tensor * o = ggml_flash_attn_ext(c.ctx, q, kk, vv, mm, kq_scale, 0.0f, 0.0f);
-        ggml_flash_attn_ext_set_prec(o, GGML_PREC_F32);
-        compute(c.ctx, o);
-        return decode(o);
-    };
-    const auto ref = attn(kr, vr, mask);
-    const auto plain = attn(kt, vt, mask); // without the term: must be far from ref
     ggml_tensor * P = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt);
     ggml_tensor * U = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, TQ_FA_TERM_STEPS);
     ggml_tensor * U0 = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, TQ_FA_TERM_STEPS);
@@ -709,6 +701,15 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
             ((float *) U->data)[j * hd + half + i] = (float) std::sin(j * w[i]);
         }
     memset(U0->data, 0, ggml_nbytes(U0));
+    auto attn = [&](ggml_tensor * kk, ggml_tensor * vv, ggml_tensor * mm, const ggml_tensor * UU = nullptr) {
+        ggml_tensor * o = ggml_flash_attn_ext(c.ctx, q, kk, vv, mm, kq_scale, 0.0f, 0.0f);
+        ggml_flash_attn_ext_set_prec(o, GGML_PREC_F32);
+        if (UU) set_k_terms(c.ctx, o, a, tab, P, UU);
+        compute(c.ctx, o);
+        return decode(o);
+    };
+    const auto ref = attn(kr, vr, mask);
+    const auto plain = attn(kt, vt, mask); // without the term: must be far from ref
     bool consecutive = true;
     for (int64_t t = 1; t < nt; ++t) consecutive = consecutive && pos[t] == pos[t - 1] + 1;
     const int was_tile = tq_ggml_fa_tile();
@@ -716,7 +717,7 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
     for (size_t i = 0; i < ref.size(); ++i) off_plain = std::fmax(off_plain, std::fabs(plain[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
     for (int tile : { 2, 1, 0 }) { // shared GQA tiles, per-head tiles, per-key loop
         tq_ggml_set_fa_tile(tile);
-        const auto got = attn(kt, vt, tq_rf_term_mask(c.ctx, mask, a, tab, P, U));
+        const auto got = attn(kt, vt, mask, U);
         double worst = 0;
         for (size_t i = 0; i < ref.size(); ++i) {
             if (!std::isfinite(got[i])) { tq_ggml_set_fa_tile(was_tile); return err.fail("FA term: non-finite output"); }
@@ -732,7 +733,7 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
     // the shared tiles read U where the cells' positions run consecutively, and T's rows
     // elsewhere: a zeroed U must then lose the term (as far off as no term), and only then
     tq_ggml_set_fa_tile(2);
-    const auto zeroed = attn(kt, vt, tq_rf_term_mask(c.ctx, mask, a, tab, P, U0));
+    const auto zeroed = attn(kt, vt, mask, U0);
     tq_ggml_set_fa_tile(was_tile);
     double off_zeroed = 0;
     for (size_t i = 0; i < ref.size(); ++i) off_zeroed = std::fmax(off_zeroed, std::fabs(zeroed[i] - ref[i]) / (1.0 + std::fabs(ref[i])));

@@ -5,6 +5,7 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
+#include "tq-fa-contract.h"
 
 #include <cstdarg>
 #include <cstdio>
@@ -67,6 +68,26 @@ inline std::vector<float> decode(const ggml_tensor * t) {
         ggml_get_type_traits(t->type)->to_float(t->data, out.data(), out.size());
     }
     return out;
+}
+
+// The turbo K terms of flash attention fa (tq-fa-contract.h) from their parts: T's cell
+// columns [hd, n] and U's step columns [hd, TQ_FA_TERM_STEPS] into one table, the cells'
+// positions P [n] and slots S [n] (NULL: all -1) into the cells input; R, RQ: the exact first
+// keys or NULL.
+inline void set_k_terms(ggml_context * ctx, ggml_tensor * fa, ggml_tensor * A, const ggml_tensor * T,
+                        const ggml_tensor * P, const ggml_tensor * U, ggml_tensor * R = nullptr,
+                        ggml_tensor * RQ = nullptr, const ggml_tensor * S = nullptr) {
+    const int64_t hd = T->ne[0], n = T->ne[1];
+    ggml_tensor * TU = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hd, n + TQ_FA_TERM_STEPS);
+    memcpy(TU->data, T->data, ggml_nbytes(T));
+    memcpy((char *) TU->data + ggml_nbytes(T), U->data, ggml_nbytes(U));
+    ggml_tensor * C = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n, 2);
+    int32_t * c = (int32_t *) C->data;
+    for (int64_t i = 0; i < n; ++i) {
+        c[i] = ((const int32_t *) P->data)[i];
+        c[n + i] = S ? ((const int32_t *) S->data)[i] : -1;
+    }
+    tq_flash_attn_ext_set_k_terms(fa, A, TU, C, R, RQ);
 }
 
 } // namespace tq_test

@@ -48,8 +48,8 @@ fn compiled_tables_match_trainer() {
 #[test]
 fn header_values_parse_back_to_compiled_tables() {
     // The C header is read back as text: every float literal, in order.
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../ggml-ext/abi/turboquant_tcq_tables.h");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ggml-ext/abi/turboquant_tcq_tables.h");
     let h = std::fs::read_to_string(path).unwrap();
     for (name, table) in [
         ("TQ_TCQ3_TABLE", &TCQ3_TABLE[..]),
