@@ -1,9 +1,21 @@
 #!/usr/bin/env python3
-"""Write a small random-weight llama-architecture GGUF of any head size, for `tq capture`
-on shapes no real model on the registries has (head 128, other GQA ratios).
+"""Write a small random-weight GGUF of any head size, for `tq capture` on shapes no real
+model on the registries has (head 128, other GQA ratios), and for `tq memory`'s checks on
+hybrid architectures (attention layers plus recurrent layers that hold a state, not a KV
+cache):
 
-    python3 -m pip install gguf
-    python3 scripts/random_gguf.py --tokenizer-from SmolLM2.gguf --head 128 -o rand-h128.gguf
+    --arch llama          (default) every layer is attention
+    --arch lfm2           LFM2: short-convolution layers (recurrent state R only) and
+                          attention layers; --swa N makes the attention layers sliding-window
+    --arch granitehybrid  Granite-4.0-H: Mamba-2 layers (conv state R and SSM state S) and
+                          attention layers
+
+    PYTHONPATH=vendor/llama.cpp/gguf-py python3 scripts/random_gguf.py \
+        --tokenizer-from SmolLM2.gguf --head 128 -o rand-h128.gguf
+    ... --arch lfm2 --n-layer 6 --attn-every 3 -o rand-lfm2.gguf
+
+gguf-py of the pinned llama.cpp tree (vendor/llama.cpp/gguf-py) needs numpy and pyyaml;
+the PyPI `gguf` package works too where it knows the architecture.
 
 The tokenizer (every tokenizer.* key) is copied from an existing GGUF so that llama.cpp
 can tokenize text; the weights are seeded N(0, 0.02^2) (norms 1), f16. K/V statistics of a
@@ -24,12 +36,21 @@ def main():
     ap.add_argument("--n-head-kv", type=int, default=2)
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-ff", type=int, default=0, help="feed-forward size (default 4 x n_embd)")
+    ap.add_argument("--arch", choices=["llama", "lfm2", "granitehybrid"], default="llama")
+    ap.add_argument("--attn-every", type=int, default=3,
+                    help="hybrids: layer i is attention iff (i + 1) %% N == 0, else recurrent")
+    ap.add_argument("--swa", type=int, default=0, help="lfm2: sliding window of the attention layers")
+    ap.add_argument("--l-cache", type=int, default=3, help="lfm2: short-convolution length")
+    ap.add_argument("--d-conv", type=int, default=4, help="granitehybrid: Mamba-2 conv kernel")
+    ap.add_argument("--d-state", type=int, default=64, help="granitehybrid: Mamba-2 state size")
+    ap.add_argument("--ssm-heads", type=int, default=8, help="granitehybrid: Mamba-2 heads")
+    ap.add_argument("--ssm-groups", type=int, default=1, help="granitehybrid: Mamba-2 groups")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
 
     src = gguf.GGUFReader(a.tokenizer_from)
-    w = gguf.GGUFWriter(a.out, "llama")
+    w = gguf.GGUFWriter(a.out, a.arch)
     n_embd = a.head * a.n_head
     n_ff = a.n_ff or 4 * n_embd
     vocab = None
@@ -45,19 +66,33 @@ def main():
         else:
             w.add_key_value(name, val, vt)
     assert vocab, "no tokenizer.ggml.tokens in the source GGUF"
-    w.add_name(f"random-llama-h{a.head}")
+    w.add_name(f"random-{a.arch}-h{a.head}")
     w.add_context_length(8192)
     w.add_embedding_length(n_embd)
     w.add_block_count(a.n_layer)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(a.n_head)
-    w.add_head_count_kv(a.n_head_kv)
+    hybrid = a.arch != "llama"
+    attn = [not hybrid or (i + 1) % a.attn_every == 0 for i in range(a.n_layer)]
+    # hybrids: a recurrent layer is one with 0 KV heads (llama.cpp's is_recr rule)
+    w.add_head_count_kv([a.n_head_kv if x else 0 for x in attn] if hybrid else a.n_head_kv)
     w.add_key_length(a.head)
     w.add_value_length(a.head)
     w.add_rope_dimension_count(a.head)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    d_inner = 2 * n_embd  # granitehybrid: llama.cpp supports an expansion factor of 2 only
+    if a.arch == "lfm2":
+        w.add_shortconv_l_cache(a.l_cache)
+        if a.swa:
+            w.add_sliding_window(a.swa)
+    elif a.arch == "granitehybrid":
+        w.add_ssm_conv_kernel(a.d_conv)
+        w.add_ssm_inner_size(d_inner)
+        w.add_ssm_state_size(a.d_state)
+        w.add_ssm_time_step_rank(a.ssm_heads)
+        w.add_ssm_group_count(a.ssm_groups)
 
     rng = np.random.default_rng(a.seed)
 
@@ -65,17 +100,43 @@ def main():
         # numpy shape is ggml's ne reversed
         w.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float16))
 
+    def ones(name, *shape):
+        w.add_tensor(name, np.ones(shape, dtype=np.float32))
+
     t("token_embd.weight", vocab, n_embd)
-    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    # LFM2's final norm is stored under token_embd_norm (llama.cpp's OUTPUT_NORM_LFM2)
+    ones("token_embd_norm.weight" if a.arch == "lfm2" else "output_norm.weight", n_embd)
     kv = a.head * a.n_head_kv
     for i in range(a.n_layer):
         p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        t(p + "attn_q.weight", n_embd, n_embd)
-        t(p + "attn_k.weight", kv, n_embd)
-        t(p + "attn_v.weight", kv, n_embd)
-        t(p + "attn_output.weight", n_embd, n_embd)
-        w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        ones(p + "attn_norm.weight", n_embd)
+        if attn[i]:
+            if a.arch == "lfm2":
+                ones(p + "attn_q_norm.weight", a.head)
+                ones(p + "attn_k_norm.weight", a.head)
+            t(p + "attn_q.weight", n_embd, n_embd)
+            t(p + "attn_k.weight", kv, n_embd)
+            t(p + "attn_v.weight", kv, n_embd)
+            t(p + "attn_output.weight", n_embd, n_embd)
+        elif a.arch == "lfm2":
+            # ggml shapes {l_cache, n_embd}, {n_embd, 3 n_embd}, {n_embd, n_embd}
+            w.add_tensor(p + "shortconv.conv.weight",
+                         (rng.standard_normal((n_embd, a.l_cache)) * 0.02).astype(np.float32))
+            t(p + "shortconv.in_proj.weight", 3 * n_embd, n_embd)
+            t(p + "shortconv.out_proj.weight", n_embd, n_embd)
+        else:  # granitehybrid: Mamba-2 mixer
+            ng, ds, nh = a.ssm_groups, a.d_state, a.ssm_heads
+            conv_ch = d_inner + 2 * ng * ds
+            t(p + "ssm_in.weight", 2 * d_inner + 2 * ng * ds + nh, n_embd)
+            w.add_tensor(p + "ssm_conv1d.weight",
+                         (rng.standard_normal((conv_ch, a.d_conv)) * 0.02).astype(np.float32))
+            w.add_tensor(p + "ssm_conv1d.bias", np.zeros(conv_ch, dtype=np.float32))
+            w.add_tensor(p + "ssm_dt.bias", np.zeros(nh, dtype=np.float32))
+            w.add_tensor(p + "ssm_a", -np.ones((nh, 1), dtype=np.float32))  # A = -exp(A_log)
+            ones(p + "ssm_d", nh, 1)
+            ones(p + "ssm_norm.weight", ng, d_inner // ng)
+            t(p + "ssm_out.weight", n_embd, d_inner)
+        ones(p + "ffn_norm.weight", n_embd)
         t(p + "ffn_gate.weight", n_ff, n_embd)
         t(p + "ffn_up.weight", n_ff, n_embd)
         t(p + "ffn_down.weight", n_embd, n_ff)

@@ -246,11 +246,7 @@ pub fn outcome<T>(
 impl Row {
     pub(crate) fn new(p: &Pair, geo: &kv::Geometry) -> Row {
         let bytes = geo.bytes_per_token(p.k, p.v);
-        let values: u64 = geo
-            .n_head_kv
-            .iter()
-            .map(|h| h * (geo.head_k + geo.head_v))
-            .sum();
+        let values = geo.values_per_token();
         Row {
             pair: p.label(),
             k: p.k.name.into(),
@@ -447,7 +443,9 @@ fn eval_model(
     out: &Path,
 ) -> Result<ModelResults, String> {
     let md = gguf::Metadata::read(path).map_err(|e| e.to_string())?;
-    let geo = kv::Geometry::from_gguf(&md)?;
+    // bits per value and bytes per token only: an architecture whose cache `tq memory`
+    // does not size still gets the per-layer reading
+    let geo = kv::Geometry::from_gguf(&md).or_else(|_| kv::Geometry::plain(&md))?;
     let (text, text_desc) = match &o.text {
         Some(t) => {
             if !t.is_file() {
@@ -969,13 +967,7 @@ usage:
 
     fn geo() -> kv::Geometry {
         // SmolLM2-135M: 30 layers, 3 KV heads, head 64
-        kv::Geometry {
-            arch: "llama".into(),
-            n_layer: 30,
-            n_head_kv: vec![3; 30],
-            head_k: 64,
-            head_v: 64,
-        }
+        kv::Geometry::uniform("llama", &[3; 30], 64, 64)
     }
 
     pub(crate) fn sample(bench: bool) -> ModelResults {

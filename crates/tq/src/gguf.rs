@@ -17,9 +17,11 @@ pub enum Value {
 }
 
 impl Value {
-    pub fn as_i64(&self) -> Option<i64> {
+    /// A count or a flag as llama.cpp's loader reads it into an integer (bools are 0/1).
+    pub fn as_u64(&self) -> Option<u64> {
         match self {
-            Value::Int(v) => Some(*v),
+            Value::Int(v) => u64::try_from(*v).ok(),
+            Value::Bool(b) => Some(*b as u64),
             _ => None,
         }
     }

@@ -54,15 +54,30 @@ enum Cmd {
         #[arg(last = true)]
         extra: Vec<String>,
     },
-    /// KV-cache bytes for a model, a context length and every cache type.
+    /// KV-cache bytes for a model, a context length and every cache type, as llama.cpp
+    /// allocates them: sliding-window layers get a window-sized cache, recurrent layers of
+    /// hybrids hold a state instead (shown separately).
     Memory {
         #[arg(short, long)]
         model: Option<String>,
+        /// context (tokens, all sequences together, as llama.cpp's -c; 0: the model's own)
         #[arg(short, long, default_value_t = 32768)]
         ctx: u64,
-        /// parallel sequences
+        /// parallel sequences (llama.cpp's -np); each gets ctx / np cells unless --kv-unified
         #[arg(long, default_value_t = 1)]
         np: u64,
+        /// logical batch (llama.cpp's -b)
+        #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+        batch: u64,
+        /// physical batch (llama.cpp's -ub); the window cache holds window + ubatch cells
+        #[arg(long = "ubatch-size", alias = "ubatch", default_value_t = 512)]
+        ubatch: u64,
+        /// one KV buffer shared by all sequences (llama.cpp's -kvu)
+        #[arg(long = "kv-unified", alias = "kvu")]
+        kv_unified: bool,
+        /// full-size cache for the sliding-window layers too (llama.cpp's --swa-full)
+        #[arg(long = "swa-full")]
+        swa_full: bool,
         /// print JSON instead of a table
         #[arg(long)]
         json: bool,
@@ -139,8 +154,22 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             model,
             ctx,
             np,
+            batch,
+            ubatch,
+            kv_unified,
+            swa_full,
             json,
-        } => memory(model.as_deref(), ctx, np, json),
+        } => {
+            let p = kv::CtxParams {
+                n_ctx: ctx,
+                n_seq: np,
+                n_batch: batch,
+                n_ubatch: ubatch,
+                kv_unified,
+                swa_full,
+            };
+            memory(model.as_deref(), &p, json)
+        }
         Cmd::Eval(o) => eval::run(o),
         Cmd::Capture {
             model,
@@ -259,28 +288,45 @@ fn serve(
 ) -> Result<ExitCode, String> {
     let (k, v) = (kv::cache_type(ctk)?, kv::cache_type(ctv)?);
     let path = models::resolve(model)?;
-    let geo = geometry(&path)?;
+    let md = gguf::Metadata::read(&path).map_err(|e| e.to_string())?;
     let server = models::sibling_tool("llama-server")?;
     let f16 = kv::cache_type("f16")?;
-    let (ours, base) = (
-        geo.bytes_per_token(k, v) * ctx,
-        geo.bytes_per_token(f16, f16) * ctx,
-    );
-    println!(
-        "model      {} ({}, {} layers, head {}/{})",
-        path.display(),
-        geo.arch,
-        geo.n_layer,
-        geo.head_k,
-        geo.head_v
-    );
-    println!(
-        "KV cache   {} ({ctk} K / {ctv} V, {ctx} tokens) vs {} at f16: {:.2}x smaller, {} saved",
-        kv::human_bytes(ours as f64),
-        kv::human_bytes(base as f64),
-        base as f64 / ours as f64,
-        kv::human_bytes((base - ours) as f64)
-    );
+    // the context llama-server will make: -c ctx, -np np, and what `extra` overrides
+    let mut p = kv::CtxParams {
+        n_ctx: ctx,
+        n_seq: np as u64,
+        ..kv::CtxParams::default()
+    };
+    server_params(extra, &mut p);
+    let arch = md.str("general.architecture").unwrap_or("?").to_string();
+    match kv::Geometry::from_gguf(&md).and_then(|g| g.layout(&p).map(|l| (g, l))) {
+        Ok((geo, lay)) => {
+            println!(
+                "model      {} ({}, {} layers, head {}/{})",
+                path.display(),
+                geo.arch,
+                geo.n_layer,
+                geo.head_k,
+                geo.head_v
+            );
+            let (ours, base) = (lay.kv_bytes(k, v), lay.kv_bytes(f16, f16));
+            println!(
+                "KV cache   {} ({ctk} K / {ctv} V, {}) vs {} at f16: {:.2}x smaller, {} saved",
+                kv::human_bytes(ours as f64),
+                cells_summary(&geo, &lay),
+                kv::human_bytes(base as f64),
+                base as f64 / ours.max(1) as f64,
+                kv::human_bytes(base.saturating_sub(ours) as f64)
+            );
+            if let Some(st) = lay.state {
+                println!("state      {}", state_summary(&st));
+            }
+        }
+        Err(e) => {
+            println!("model      {} ({arch})", path.display());
+            println!("KV cache   not sized: {e}");
+        }
+    }
     println!("{}", serving_line(port));
     let mut cmd = Command::new(server);
     cmd.arg("-m")
@@ -332,56 +378,216 @@ fn serving_line(port: u16) -> String {
     }
 }
 
-fn memory(model: Option<&str>, ctx: u64, np: u64, json: bool) -> Result<ExitCode, String> {
+/// The llama-server flags after `--` that change the memory it allocates.
+fn server_params(extra: &[String], p: &mut kv::CtxParams) {
+    let mut it = extra.iter().flat_map(|a| match a.split_once('=') {
+        Some((f, v)) if f.starts_with('-') => vec![f.to_string(), v.to_string()],
+        _ => vec![a.clone()],
+    });
+    while let Some(a) = it.next() {
+        let mut num = |dst: &mut u64| {
+            if let Some(v) = it.next().and_then(|v| v.parse().ok()) {
+                *dst = v;
+            }
+        };
+        match a.as_str() {
+            "-c" | "--ctx-size" => num(&mut p.n_ctx),
+            "-np" | "--parallel" => num(&mut p.n_seq),
+            "-b" | "--batch-size" => num(&mut p.n_batch),
+            "-ub" | "--ubatch-size" => num(&mut p.n_ubatch),
+            "-kvu" | "--kv-unified" => p.kv_unified = true,
+            "-no-kvu" | "--no-kv-unified" => p.kv_unified = false,
+            "--swa-full" => p.swa_full = true,
+            _ => {}
+        }
+    }
+}
+
+/// "3 global layers x 32768 cells + 15 window layers x 1024 cells" (x streams).
+fn cells_summary(geo: &kv::Geometry, lay: &kv::Layout) -> String {
+    let streams = |part: &kv::KvPart| {
+        if part.streams > 1 {
+            format!(" x {} seqs", part.streams)
+        } else {
+            String::new()
+        }
+    };
+    let g = &lay.global;
+    match (&lay.swa, geo.swa) {
+        (Some(w), Some(s)) => format!(
+            "{} global layers x {} cells + {} window layers (window {}) x {} cells{}",
+            g.layers(),
+            g.cells,
+            w.layers(),
+            s.n_swa,
+            w.cells,
+            streams(g)
+        ),
+        _ => format!("{} layers x {} cells{}", g.layers(), g.cells, streams(g)),
+    }
+}
+
+fn state_summary(st: &kv::State) -> String {
+    format!(
+        "recurrent {} ({} layers x {} seq: R {} + S {}, f32 whatever the cache type)",
+        kv::human_bytes(st.total() as f64),
+        st.layers,
+        st.rows,
+        kv::human_bytes(st.r_bytes as f64),
+        kv::human_bytes(st.s_bytes as f64)
+    )
+}
+
+fn memory(model: Option<&str>, p: &kv::CtxParams, json: bool) -> Result<ExitCode, String> {
     let path = models::resolve(model)?;
     let geo = geometry(&path)?;
+    let lay = geo.layout(p)?;
     let f16 = kv::cache_type("f16")?;
-    let base = geo.bytes_per_token(f16, f16);
-    let rows: Vec<(&str, f64, u64)> = kv::CACHE_TYPES
+    let base = lay.kv_bytes(f16, f16).max(1);
+    let state = lay.state_bytes();
+    struct Row {
+        t: kv::CacheType,
+        global: (u64, u64),
+        swa: (u64, u64),
+    }
+    let rows: Vec<Row> = kv::CACHE_TYPES
         .iter()
-        .map(|t| {
-            (
-                t.name,
-                t.bits_per_value(),
-                geo.bytes_per_token(*t, *t) * ctx * np,
-            )
+        .map(|&t| Row {
+            t,
+            global: lay.global.bytes(t, t),
+            swa: lay.swa.as_ref().map_or((0, 0), |s| s.bytes(t, t)),
         })
         .collect();
+    let total = |r: &Row| r.global.0 + r.global.1 + r.swa.0 + r.swa.1;
+    // this build's turbo setup (ggml-ext tq_rot_init) refuses a llama_kv_cache without
+    // layers, which the sliding-window split makes when every KV layer is of one kind
+    let empty_part = lay
+        .swa
+        .as_ref()
+        .is_some_and(|w| w.layers() == 0 || lay.global.layers() == 0);
+    let turbo_note = |t: &kv::CacheType| {
+        if !t.name.starts_with("turbo") {
+            ""
+        } else if !geo.turbo_ok() {
+            " (head size not a multiple of 64: unsupported)"
+        } else if empty_part {
+            " (refused by this build: one of the two KV caches holds no layer)"
+        } else {
+            ""
+        }
+    };
     if json {
+        let part = |x: &kv::KvPart| serde_json::json!({"layers": x.layers(), "cells": x.cells, "streams": x.streams});
         let v: Vec<_> = rows
             .iter()
-            .map(|(n, b, bytes)| serde_json::json!({"type": n, "bits_per_value": b, "bytes": bytes, "vs_f16": *bytes as f64 / (base * ctx * np) as f64}))
+            .map(|r| {
+                serde_json::json!({
+                    "type": r.t.name,
+                    "bits_per_value": r.t.bits_per_value(),
+                    "bytes": total(r),
+                    "k_bytes": r.global.0 + r.swa.0,
+                    "v_bytes": r.global.1 + r.swa.1,
+                    "global_bytes": r.global.0 + r.global.1,
+                    "swa_bytes": r.swa.0 + r.swa.1,
+                    "total_bytes": total(r) + state,
+                    "vs_f16": total(r) as f64 / base as f64,
+                    "supported": turbo_note(&r.t).is_empty(),
+                    "note": turbo_note(&r.t).trim().trim_start_matches('(').trim_end_matches(')'),
+                })
+            })
             .collect();
+        let swa = lay.swa.as_ref().map(|s| {
+            let mut j = part(s);
+            j["n_swa"] = geo.swa.map_or(0, |w| w.n_swa).into();
+            j
+        });
+        let recurrent = lay.state.map(|s| {
+            serde_json::json!({"layers": s.layers, "rows": s.rows, "r_bytes": s.r_bytes, "s_bytes": s.s_bytes, "bytes": s.total()})
+        });
         println!(
             "{}",
-            serde_json::to_string_pretty(
-                &serde_json::json!({"model": path, "ctx": ctx, "np": np, "types": v})
-            )
+            serde_json::to_string_pretty(&serde_json::json!({
+                "model": path,
+                "arch": geo.arch,
+                "ctx": p.n_ctx,
+                "np": p.n_seq,
+                "n_ctx": lay.n_ctx,
+                "n_ctx_seq": lay.n_ctx_seq,
+                "n_ubatch": lay.n_ubatch,
+                "kv_unified": p.kv_unified,
+                "swa_full": p.swa_full,
+                "global": part(&lay.global),
+                "swa": swa,
+                "recurrent": recurrent,
+                "types": v,
+            }))
             .unwrap()
         );
         return Ok(ExitCode::SUCCESS);
     }
+    let (n_global, n_swa, n_recr) = geo.counts();
     println!(
-        "{} — {} layers, KV heads {:?}…, head {}/{}, ctx {ctx} x {np} seq",
+        "{} — {}, {} layers, head {}/{}",
         path.display(),
+        geo.arch,
         geo.n_layer,
-        &geo.n_head_kv[..geo.n_head_kv.len().min(4)],
         geo.head_k,
         geo.head_v
     );
-    println!("| type | bits/value | KV cache | vs f16 |");
-    println!("|---|---|---|---|");
-    for (n, b, bytes) in rows {
-        let note = if n.starts_with("turbo") && !geo.turbo_ok() {
-            " (head size not a multiple of 64: unsupported)"
-        } else {
-            ""
-        };
+    println!(
+        "context    {} tokens x {} seq{} (llama.cpp: n_ctx {}, n_ctx_seq {}, ubatch {})",
+        lay.n_ctx,
+        p.n_seq,
+        if p.kv_unified { ", unified KV" } else { "" },
+        lay.n_ctx,
+        lay.n_ctx_seq,
+        lay.n_ubatch
+    );
+    println!("KV layers  {}", cells_summary(&geo, &lay));
+    if n_global + n_swa + n_recr < geo.n_layer as usize {
         println!(
-            "| {n} | {b:.2} | {} | {:.3}x{note} |",
-            kv::human_bytes(bytes as f64),
-            bytes as f64 / (base * ctx * np) as f64
+            "           ({} of {} layers hold no KV of their own: shared, MTP or MLP-only)",
+            geo.n_layer as usize - n_global - n_swa - n_recr,
+            geo.n_layer
         );
+    }
+    if let Some(st) = lay.state {
+        println!("state      {}", state_summary(&st));
+    }
+    let with_state = lay.state.is_some();
+    let windowed = lay.swa.is_some();
+    let mut head = String::from("| type | bits/value |");
+    let mut rule = String::from("|---|---|");
+    if windowed {
+        head += " global | window |";
+        rule += "---|---|";
+    }
+    head += " KV cache | vs f16 |";
+    rule += "---|---|";
+    if with_state {
+        head += " KV + state |";
+        rule += "---|";
+    }
+    println!("{head}\n{rule}");
+    for r in &rows {
+        let mut line = format!("| {} | {:.2} |", r.t.name, r.t.bits_per_value());
+        if windowed {
+            line += &format!(
+                " {} | {} |",
+                kv::human_bytes((r.global.0 + r.global.1) as f64),
+                kv::human_bytes((r.swa.0 + r.swa.1) as f64)
+            );
+        }
+        line += &format!(
+            " {} | {:.3}x{} |",
+            kv::human_bytes(total(r) as f64),
+            total(r) as f64 / base as f64,
+            turbo_note(&r.t)
+        );
+        if with_state {
+            line += &format!(" {} |", kv::human_bytes((total(r) + state) as f64));
+        }
+        println!("{line}");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -63,3 +63,77 @@ fn unknown_names_are_refused_before_anything_runs() {
         assert!(text(&out).contains(want), "{args:?}: {}", text(&out));
     }
 }
+
+/// A GGUF with only metadata: (key, u32 value) pairs and general.architecture.
+fn gguf_file(dir: &std::path::Path, name: &str, arch: &str, ints: &[(&str, u32)]) -> PathBuf {
+    let mut b = Vec::new();
+    let s = |b: &mut Vec<u8>, x: &str| {
+        b.extend((x.len() as u64).to_le_bytes());
+        b.extend(x.as_bytes());
+    };
+    b.extend(b"GGUF");
+    b.extend(3u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes()); // tensors
+    b.extend((1 + ints.len() as u64).to_le_bytes());
+    s(&mut b, "general.architecture");
+    b.extend(8u32.to_le_bytes());
+    s(&mut b, arch);
+    for (k, v) in ints {
+        s(&mut b, &format!("{arch}.{k}"));
+        b.extend(4u32.to_le_bytes());
+        b.extend(v.to_le_bytes());
+    }
+    let p = dir.join(name);
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+#[test]
+fn memory_on_bad_metadata_is_a_named_error() {
+    let dir = scratch("gguf");
+    let full = [
+        ("block_count", 2),
+        ("embedding_length", 64),
+        ("attention.head_count", 1),
+    ];
+    for (file, arch, ints, want) in [
+        (
+            "unknown.gguf",
+            "no-such-arch",
+            &full[..],
+            "unknown architecture `no-such-arch`",
+        ),
+        ("nolayers.gguf", "llama", &full[1..], "llama.block_count"),
+        (
+            "noheads.gguf",
+            "llama",
+            &full[..2],
+            "llama.attention.head_count",
+        ),
+        (
+            "nowindow.gguf",
+            "gpt-oss",
+            &full[..],
+            "gpt-oss.attention.sliding_window",
+        ),
+        (
+            "nostate.gguf",
+            "granitehybrid",
+            &full[..],
+            "recurrent state",
+        ),
+        ("dsv4.gguf", "deepseek4", &full[..], "does not size it"),
+    ] {
+        let p = gguf_file(&dir, file, arch, ints);
+        let out = tq(&["memory", "-m", p.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{file}: {}", text(&out));
+        assert!(text(&out).contains(want), "{file}: {}", text(&out));
+        assert!(!text(&out).contains("panicked"), "{file}: {}", text(&out));
+    }
+    // a good one, for contrast: 2 layers x 1 head x 64 x (K + V) x f16 x 512 cells
+    let p = gguf_file(&dir, "good.gguf", "llama", &full);
+    let out = tq(&["memory", "-m", p.to_str().unwrap(), "-c", "512", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("\"bytes\": 262144"), "{}", text(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}
