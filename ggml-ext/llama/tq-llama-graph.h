@@ -179,14 +179,21 @@ static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf,
 }
 
 // The patch's call in both build_attn overloads: K mean removal and K/Q balancing where they
-// keep attention exact (not while training, not with attention sinks: a sink is an extra
-// logit that the shift does not move).
+// keep attention exact: not while training, and with learned attention sinks (an extra logit
+// that a shift does not move) only in RoPE's frame, whose term restores every key's logit
+// (the cache turns the mean off for such a model where the frame cannot run).
 static inline ggml_tensor * tq_llama_attn_k(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
                                             const llama_cparams & cparams, const ggml_tensor * sinks,
                                             ggml_tensor ** q_cur, ggml_tensor * k_cur,
                                             const llama_kv_cache_context * mctx, int il, float kq_scale, int rope_type) {
-    if (cparams.training || sinks) {
+    if (cparams.training) {
         return k_cur;
+    }
+    if (sinks) {
+        const ggml_tensor * k_mean = k_cur ? mctx->tq_get_k_mean(il) : nullptr;
+        if (!k_mean || !tq_kmean_rope_is(k_mean)) {
+            return k_cur;
+        }
     }
     return tq_kmean_graph(ctx, gf, res, q_cur, k_cur, mctx, il, kq_scale, rope_type != LLAMA_ROPE_TYPE_NORM);
 }

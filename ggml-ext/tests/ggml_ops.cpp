@@ -701,18 +701,29 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
             ((float *) U->data)[j * hd + half + i] = (float) std::sin(j * w[i]);
         }
     memset(U0->data, 0, ggml_nbytes(U0));
+    // the logits' soft cap and learned sink logits (gpt-oss): the term goes into the raw
+    // score, before the cap, and leaves the sink logit alone, so attention stays exact there
+    float softcap = 0.0f;
+    ggml_tensor * sinks = ggml_new_tensor_1d(c.ctx, GGML_TYPE_F32, nq);
+    const std::vector<float> sink_logits = gaussian(nq, 46, 2.0f);
+    memcpy(sinks->data, sink_logits.data(), ggml_nbytes(sinks));
+    bool use_sinks = false;
     auto attn = [&](ggml_tensor * kk, ggml_tensor * vv, ggml_tensor * mm, const ggml_tensor * UU = nullptr) {
-        ggml_tensor * o = ggml_flash_attn_ext(c.ctx, q, kk, vv, mm, kq_scale, 0.0f, 0.0f);
+        ggml_tensor * o = ggml_flash_attn_ext(c.ctx, q, kk, vv, mm, kq_scale, 0.0f, softcap);
         ggml_flash_attn_ext_set_prec(o, GGML_PREC_F32);
+        if (use_sinks) ggml_flash_attn_ext_add_sinks(o, sinks);
         if (UU) set_k_terms(c.ctx, o, a, tab, P, UU);
         compute(c.ctx, o);
         return decode(o);
     };
-    const auto ref = attn(kr, vr, mask);
-    const auto plain = attn(kt, vt, mask); // without the term: must be far from ref
     bool consecutive = true;
     for (int64_t t = 1; t < nt; ++t) consecutive = consecutive && pos[t] == pos[t - 1] + 1;
     const int was_tile = tq_ggml_fa_tile();
+    for (int variant : { 1, 2, 0 }) { // soft cap, learned sinks, neither (what the zeroed-U check below uses)
+    softcap = variant == 1 ? 2.0f : 0.0f;
+    use_sinks = variant == 2;
+    const auto ref = attn(kr, vr, mask);
+    const auto plain = attn(kt, vt, mask); // without the term: must be far from ref
     double off_plain = 0;
     for (size_t i = 0; i < ref.size(); ++i) off_plain = std::fmax(off_plain, std::fabs(plain[i] - ref[i]) / (1.0 + std::fabs(ref[i])));
     for (int tile : { 2, 1, 0 }) { // shared GQA tiles, per-head tiles, per-key loop
@@ -726,10 +737,11 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
         // measured: at most 4.7e-6 against the reference, at least 0.78 without the term
         if (worst > 2e-5 || off_plain < 0.1) {
             tq_ggml_set_fa_tile(was_tile);
-            return err.fail("FA term (tile %d, neox %d, nt %lld): vs f32 keys + R_p mu' %g (want <= 2e-5); without the term %g (want >= 0.1)",
-                            tile, neox, (long long) nt, worst, off_plain);
+            return err.fail("FA term (tile %d, neox %d, nt %lld, softcap %g, sinks %d): vs f32 keys + R_p mu' %g (want <= 2e-5); "
+                            "without the term %g (want >= 0.1)", tile, neox, (long long) nt, softcap, use_sinks, worst, off_plain);
         }
     }
+    if (variant != 0) continue;
     // the shared tiles read U where the cells' positions run consecutively, and T's rows
     // elsewhere: a zeroed U must then lose the term (as far off as no term), and only then
     tq_ggml_set_fa_tile(2);
@@ -740,6 +752,7 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
     if (consecutive ? off_zeroed < 0.5 * off_plain : off_zeroed > 2e-5) {
         return err.fail("FA term, zeroed U (neox %d, nt %lld, consecutive %d): off %g (no term: %g)", neox, (long long) nt,
                         consecutive, off_zeroed, off_plain);
+    }
     }
     tq_ggml_set_fa_tile(was_tile);
     return 0;

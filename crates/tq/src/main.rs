@@ -459,19 +459,11 @@ fn memory(model: Option<&str>, p: &kv::CtxParams, json: bool) -> Result<ExitCode
         })
         .collect();
     let total = |r: &Row| r.global.0 + r.global.1 + r.swa.0 + r.swa.1;
-    // this build's turbo setup (ggml-ext tq_rot_init) refuses a llama_kv_cache without
-    // layers, which the sliding-window split makes when every KV layer is of one kind
-    let empty_part = lay
-        .swa
-        .as_ref()
-        .is_some_and(|w| w.layers() == 0 || lay.global.layers() == 0);
     let turbo_note = |t: &kv::CacheType| {
         if !t.name.starts_with("turbo") {
             ""
         } else if !geo.turbo_ok() {
             " (head size not a multiple of 64: unsupported)"
-        } else if empty_part {
-            " (refused by this build: one of the two KV caches holds no layer)"
         } else {
             ""
         }
