@@ -675,3 +675,31 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         let _ = std::fs::remove_dir_all(&d);
     }
 }
+
+/// Programmatic dependent launch (Hopper) lets a kernel start while the previous one still
+/// writes its inputs, so a kernel's pointer parameters must not be `__restrict__`: upstream
+/// removed it from its flash-attention kernels for that race and takes restrict-qualified
+/// locals through `GGML_CUDA_RESTRICT` (common.cuh), which is empty where PDL runs. Ours
+/// follow the same rule: no `__global__` signature in ggml-ext/ggml-cuda carries it.
+#[test]
+fn cuda_kernel_parameters_are_not_restrict_under_pdl() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("ggml-ext/ggml-cuda");
+    let mut kernels = 0;
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let src = std::fs::read_to_string(e.path()).unwrap();
+        let mut rest = src.as_str();
+        while let Some(at) = rest.find("__global__") {
+            let sig = &rest[at..];
+            let end = sig.find('{').expect("a kernel body");
+            assert!(
+                !sig[..end].contains("__restrict__"),
+                "{}: a kernel's parameters are __restrict__ (use GGML_CUDA_RESTRICT locals):\n{}",
+                e.path().display(),
+                &sig[..end]
+            );
+            kernels += 1;
+            rest = &sig[end..];
+        }
+    }
+    assert!(kernels >= 1, "no __global__ kernel found under {}", dir.display());
+}

@@ -48,7 +48,7 @@ template <ggml_type type> static __device__ __forceinline__ int tq_gqa_row_pos(c
 
 // Slot u's 8 values of 64-value chunk c of a K/V row: value = scale * vals[e].
 template <ggml_type type>
-static __device__ __forceinline__ void tq_gqa_row_load(const char * __restrict__ row, const int c, const int u,
+static __device__ __forceinline__ void tq_gqa_row_load(const char * GGML_CUDA_RESTRICT row, const int c, const int u,
         const tq_gqa_codebook<tq_gqa_cb_bits<type>()> & cb, float & scale, float (&vals)[8]) {
     constexpr int bits = tq_gqa_bits<type>();
     if constexpr (bits != 0) {
@@ -118,14 +118,14 @@ template <int NQ, int TPR> static __device__ __forceinline__ void tq_gqa_reduce(
 template <int D, int NQ, ggml_type type_K, ggml_type type_V>
 __launch_bounds__(TQ_GQA_NTHREADS, 1)
 static __global__ void tq_flash_attn_ext_gqa(
-        const char * __restrict__ Q,
-        const char * __restrict__ K,
-        const char * __restrict__ V,
-        const char * __restrict__ mask,
-        const char * __restrict__ sinks,
-        const int  * __restrict__ KV_max,
-        float      * __restrict__ dst,
-        float2     * __restrict__ dst_meta,
+        const char * Q_ptr,
+        const char * K_ptr,
+        const char * V_ptr,
+        const char * mask_ptr,
+        const char * sinks_ptr,
+        const int  * KV_max_ptr,
+        float      * dst_ptr,
+        float2     * dst_meta_ptr,
         const float scale,
         const float max_bias,
         const float m0,
@@ -141,6 +141,17 @@ static __global__ void tq_flash_attn_ext_gqa(
                             const int32_t nb31, const int32_t nb32, const int64_t nb33) {
     ggml_cuda_pdl_lc();
 #ifdef FLASH_ATTN_AVAILABLE
+    // upstream's rule (common.cuh, GGML_CUDA_RESTRICT): with programmatic dependent launch on
+    // Hopper the previous kernel may still be writing what these point to when this one
+    // starts, so they are not __restrict__ there; the parameters never are
+    const char * GGML_CUDA_RESTRICT Q        = Q_ptr;
+    const char * GGML_CUDA_RESTRICT K        = K_ptr;
+    const char * GGML_CUDA_RESTRICT V        = V_ptr;
+    const char * GGML_CUDA_RESTRICT mask     = mask_ptr;
+    const char * GGML_CUDA_RESTRICT sinks    = sinks_ptr;
+    const int  * GGML_CUDA_RESTRICT KV_max   = KV_max_ptr;
+    float      * GGML_CUDA_RESTRICT dst      = dst_ptr;
+    float2     * GGML_CUDA_RESTRICT dst_meta = dst_meta_ptr;
     constexpr int TPR    = D/8;                     // threads per K/V row
     constexpr int P      = TQ_GQA_NTHREADS/TPR;     // rows in flight
     constexpr int T      = TQ_GQA_TILE;
@@ -360,7 +371,7 @@ static __global__ void tq_flash_attn_ext_gqa(
         dst_meta[(int64_t(sequence*n01 + vec_col(tid))*ne02 + vec_head(tid))*gridDim.y + blockIdx.y] = make_float2(M_s[tid], L_s[tid]);
     }
 #else
-    GGML_UNUSED_VARS(Q, K, V, mask, sinks, KV_max, dst, dst_meta, scale,
+    GGML_UNUSED_VARS(Q_ptr, K_ptr, V_ptr, mask_ptr, sinks_ptr, KV_max_ptr, dst_ptr, dst_meta_ptr, scale,
         max_bias, m0, m1, n_head_log2, logit_softcap,
         ne00, ne01, ne02, ne03,
               nb01, nb02, nb03,

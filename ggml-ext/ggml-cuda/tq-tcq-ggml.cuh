@@ -37,8 +37,8 @@ static __device__ __forceinline__ void tq_cuda_dequantize_turbo2_tcq(const void 
 // SET_ROWS f32 -> trellis: k_set_rows_quant's indexing, block i = one warp.
 template <typename idx_t, int K>
 static __global__ void __launch_bounds__(32*TQ_TCQ_WARPS)
-tq_tcq_k_set_rows(const float * __restrict__ src0, const idx_t * __restrict__ src1,
-                  typename tq_tcq_type<K>::block * __restrict__ dst, const int64_t ne_total,
+tq_tcq_k_set_rows(const float * GGML_CUDA_RESTRICT src0, const idx_t * GGML_CUDA_RESTRICT src1,
+                  typename tq_tcq_type<K>::block * GGML_CUDA_RESTRICT dst, const int64_t ne_total,
                   const int64_t s01, const int64_t s02, const int64_t s03,
                   const int64_t s10, const int64_t s11, const int64_t s12,
                   const int64_t s1, const int64_t s2, const int64_t s3,
