@@ -701,5 +701,9 @@ fn cuda_kernel_parameters_are_not_restrict_under_pdl() {
             rest = &sig[end..];
         }
     }
-    assert!(kernels >= 1, "no __global__ kernel found under {}", dir.display());
+    assert!(
+        kernels >= 1,
+        "no __global__ kernel found under {}",
+        dir.display()
+    );
 }

@@ -1,7 +1,7 @@
 //! Saved turbo state that would poison a cache is refused before anything is adopted.
 //! A state carries each layer's K mean m and K/Q balancing scale s (as s - 1); s divides
 //! every query, and a NaN m survives even an emptied cache (the modes multiply it by 0).
-//! The restore path (tq-llama-kv-cache.inc) refuses non-finite values, an s outside the
+//! The restore path (tq-llama-kv-cache.cpp) refuses non-finite values, an s outside the
 //! writer's clamp [1/8, 8], an unknown tag, and a mean that differs from the one a busy
 //! cache uses; llama-server answers 400 and the cache keeps answering as before.
 //! Each sequence's exact first key (tq-sink.h) follows it through a restore into another

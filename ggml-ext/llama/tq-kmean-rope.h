@@ -1,7 +1,7 @@
 /*
  * tq-kmean-rope.h - the K mean kept in RoPE's frame: graph pieces (C++, llama.cpp side).
  * tq-kmean.h has the fitted mean this replaces where it can run, and the modes and state
- * both share; the host side is in tq-llama-kv-cache.inc.
+ * both share; the host side is in tq-llama-kv-cache.cpp.
  *
  * Why: a common pre-RoPE component mu of the keys shows up in the key at position p as
  * R_p mu (R_p: RoPE's rotation of every channel pair by p * w_i). A fixed vector m can only

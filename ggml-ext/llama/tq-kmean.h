@@ -1,6 +1,6 @@
 /*
  * tq-kmean.h - K mean removal and K/Q channel balancing for turbo K caches: graph pieces
- * (C++, llama.cpp side). Host side: tq-llama-kv-cache.inc.
+ * (C++, llama.cpp side). Host side: tq-llama-kv-cache.cpp.
  *
  * Why: attention only sees q.k through a softmax over keys, and softmax ignores a constant
  * added to every logit. Storing k - m instead of k (m: one vector per layer and KV head,
@@ -21,7 +21,7 @@
  * a_N / a_B where the ubatch pins mu down, a pure phase where it cannot (|F| <= 1, so noise
  * is never amplified), exactly 1 when the ubatch covers the cache's positions. In expected
  * residual energy this is never worse than no mean. F is a per-pair 2x2 block (a scaled
- * rotation) that the host computes from the RoPE frequencies (tq-llama-kv-cache.inc) and
+ * rotation) that the host computes from the RoPE frequencies (tq-llama-kv-cache.cpp) and
  * stores as a [head_dim x head_dim] matrix M beside m. Any m keeps attention exact; F
  * only decides how much quantization error it removes.
  *
@@ -42,7 +42,7 @@
  *   - KEEP: otherwise the stored ones.
  * The mode is part of the graph's shape: only a SET graph computes statistics, and a KEEP
  * graph (every decode step) costs a multiply and a subtraction per side. The host decides
- * the mode before the graph is built or reused (tq-llama-kv-cache.inc), and M reaches a SET
+ * the mode before the graph is built or reused (tq-llama-kv-cache.cpp), and M reaches a SET
  * graph as an input tensor, so nothing is written to a backend buffer outside the graph
  * (on a GPU such a write could land while the previous ubatch still computes).
  * Layout of a layer's k_mean tensor (f32): [m (n) | s - 1 (n, balancing only)],
@@ -54,7 +54,7 @@
  * (the K shift below assumes the whole head is roped). TQ_K_MEAN=0 turns it off.
  * K shift (context shift, seq_add) re-ropes stored keys: s*rope(k) - m is recovered as
  * rope_d(stored + m) - m in the channel frame, see tq_kmean_unshift/tq_kmean_reshift.
- * Saved state carries m and s per layer; see tq-llama-kv-cache.inc.
+ * Saved state carries m and s per layer; see tq-llama-kv-cache.cpp.
  */
 #ifndef TQ_KMEAN_H
 #define TQ_KMEAN_H

@@ -14,7 +14,7 @@
  * (lowest) sequence s (ggml_set_rows, the op llama stores K with, so the quantized copy is
  * byte for byte the cell's); every other token writes the last row, which is never read.
  * seq_cp copies a slot with the first key it copies, and a restore writes the saved exact
- * key into the slot of the sequence it restores (tq-llama-kv-cache.inc).
+ * key into the slot of the sequence it restores (tq-llama-kv-cache.cpp).
  *
  * Which cells use it (the match rule): the host gives each cell in view its slot, that of
  * its lowest sequence where the cell is at position 0, else none (-1); a cell whose stored

@@ -17,7 +17,7 @@ use turboquant_lab::{Capture, CaptureHeader, RopeInfo};
 use turboquant::llama_sys as sys;
 
 extern "C" {
-    /// ggml-ext/llama/tq-llama-kv-cache.inc (part of libllama): the RoPE frequencies per
+    /// ggml-ext/llama/tq-llama-kv-cache.cpp (part of libllama): the RoPE frequencies per
     /// channel pair of layer `il` that the turbo K mean's position map uses.
     fn tq_llama_rope_freqs(
         model: *const sys::llama_model,

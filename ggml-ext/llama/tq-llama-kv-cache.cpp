@@ -1,7 +1,15 @@
-// tq-llama-kv-cache.inc - turboquant's members of llama_kv_cache (the seeded rotation, K mean
-// removal and K/Q channel balancing, see tq-kmean.h). Included once by llama-kv-cache.cpp
-// after its headers; the declarations are in tq-llama-kv-cache-members.inc, which the patch includes
-// inside the class.
+// tq-llama-kv-cache.cpp - turboquant's members of llama_kv_cache (the seeded rotation, K mean
+// removal and K/Q channel balancing, the exact first keys; see tq-kmean.h, tq-sink.h). A
+// translation unit of libllama of its own (the patch adds it to the target in
+// src/CMakeLists.txt); the declarations are in tq-llama-kv-cache-members.inc, which the patch
+// includes inside the class.
+
+#include "llama-kv-cache.h"
+
+#include "llama-impl.h"
+#include "llama-io.h"
+#include "llama-model.h"
+#include "llama-context.h"
 
 #include "tq-kmean.h"
 #include "tq-llama-options.h"
@@ -11,6 +19,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
