@@ -37,13 +37,17 @@ static __device__ __forceinline__ void tq_cuda_dequantize_turbo2_tcq(const void 
 // SET_ROWS f32 -> trellis: k_set_rows_quant's indexing, block i = one warp.
 template <typename idx_t, int K>
 static __global__ void __launch_bounds__(32*TQ_TCQ_WARPS)
-tq_tcq_k_set_rows(const float * GGML_CUDA_RESTRICT src0, const idx_t * GGML_CUDA_RESTRICT src1,
-                  typename tq_tcq_type<K>::block * GGML_CUDA_RESTRICT dst, const int64_t ne_total,
+tq_tcq_k_set_rows(const float * src0_ptr, const idx_t * src1_ptr, typename tq_tcq_type<K>::block * dst_ptr, const int64_t ne_total,
                   const int64_t s01, const int64_t s02, const int64_t s03,
                   const int64_t s10, const int64_t s11, const int64_t s12,
                   const int64_t s1, const int64_t s2, const int64_t s3,
                   const int64_t ne00, const int64_t ne01, const int64_t ne02, const int64_t ne11, const int64_t ne12) {
     typedef typename tq_tcq_type<K>::block block;
+    // restrict-qualified locals, never parameters (GGML_CUDA_RESTRICT is empty under PDL on
+    // Hopper, and a parameter's qualifier must match between the host and device passes)
+    const float * GGML_CUDA_RESTRICT src0 = src0_ptr;
+    const idx_t * GGML_CUDA_RESTRICT src1 = src1_ptr;
+    block       * GGML_CUDA_RESTRICT dst  = dst_ptr;
     __shared__ tq_tcq_scratch<K> sc[TQ_TCQ_WARPS];
     const int w = threadIdx.x / 32;
     const int64_t i = (int64_t) blockIdx.x * TQ_TCQ_WARPS + w; // warp-uniform
