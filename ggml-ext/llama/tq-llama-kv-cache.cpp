@@ -99,12 +99,9 @@ void llama_kv_cache::tq_kmean_init(ggml_type type_k) {
             why = "partial RoPE";
         }
     }
-    const char * frame = getenv("TQ_K_MEAN_FRAME");
-    if (frame && strcmp(frame, "rope") != 0 && strcmp(frame, "fitted") != 0) {
-        throw std::runtime_error(format("TQ_K_MEAN_FRAME=%s: expected rope or fitted", frame));
-    }
+    const char * frame = tq_llama_k_mean_frame(); // rope, fitted or NULL (checked by the options table)
     if (!why && tq_kmean_exact_why && frame && strcmp(frame, "fitted") == 0) {
-        why_off = format("%s needs the mean in RoPE's frame, and TQ_K_MEAN_FRAME=fitted", tq_kmean_exact_why);
+        why_off = format("%s needs the mean in RoPE's frame, and the frame is set to fitted", tq_kmean_exact_why);
         why = why_off.c_str();
     }
     tq_kmean = why == nullptr;
@@ -114,7 +111,7 @@ void llama_kv_cache::tq_kmean_init(ggml_type type_k) {
     // the exact first keys ride on the mean in RoPE's frame (tq-sink.h says where they apply)
     const char * src_sink = nullptr;
     const bool want_sink =
-        tq_llama_switch_resolve(TQ_LLAMA_DEFAULT, tq_llama_env_k_sink(), "TQ_K_SINK", "TQ_K_SINK", &src_sink);
+        tq_llama_switch_resolve(opts.k_sink, tq_llama_env_k_sink(), "TQ_K_SINK", "option tq_k_sink", &src_sink);
     tq_sink_type = tq_rf_want && want_sink ? type_k : GGML_TYPE_COUNT;
     if (tq_rf_want) {
         LLAMA_LOG_INFO("%s: turbo exact first keys: %s (%s; where the K mean in RoPE's frame and flash attention over "

@@ -1,9 +1,11 @@
 //! Every checked-in file that is derived rather than written: the codebook and trellis
-//! tables (Rust and C) and the C type table. [`all`] renders them from the codec crate,
+//! tables (Rust and C), the C type table and the options tables in README.md and
+//! docs/OPTIONS.md (from ggml-ext/llama/tq-options.def). [`all`] renders them from the codec crate,
 //! the single source of each fact; `tq-gen` writes them, `tests/fresh.rs` fails when a
 //! checked-in copy differs.
 
 pub mod codebooks;
+pub mod options;
 pub mod tcq_tables;
 pub mod types_header;
 
@@ -27,7 +29,7 @@ pub fn all() -> Vec<Generated> {
         turboquant_codec::tcq::train::train(turboquant_codec::tcq::train::CODEC_RECIPES[0]);
     let (t2, _) =
         turboquant_codec::tcq::train::train(turboquant_codec::tcq::train::CODEC_RECIPES[1]);
-    vec![
+    let mut all = vec![
         Generated {
             path: "crates/codec/src/tables.rs",
             text: codebooks::render_rust_tables(),
@@ -48,7 +50,9 @@ pub fn all() -> Vec<Generated> {
             path: "ggml-ext/abi/turboquant_types.h",
             text: types_header::render(),
         },
-    ]
+    ];
+    all.extend(options::generated(&repo_root()));
+    all
 }
 
 /// `v` as the shortest literal that reads back to the same f32, always with a `.`

@@ -1,5 +1,6 @@
 //! `tq-gen`: rewrite every derived file that is stale (`cargo run --release -p
-//! turboquant-gen`), or with `--check` list the stale ones and exit 1.
+//! turboquant-gen`), or with `--check` list the stale ones and exit 1; `--options` prints
+//! the options table (ggml-ext/llama/tq-options.def) as markdown.
 
 use std::process::ExitCode;
 
@@ -7,8 +8,15 @@ fn main() -> ExitCode {
     let check = match std::env::args().nth(1).as_deref() {
         None => false,
         Some("--check") => true,
+        Some("--options") => {
+            print!(
+                "{}",
+                turboquant_gen::options::markdown(&turboquant_gen::options::rows())
+            );
+            return ExitCode::SUCCESS;
+        }
         Some(a) => {
-            eprintln!("tq-gen: unknown argument {a:?} (usage: tq-gen [--check])");
+            eprintln!("tq-gen: unknown argument {a:?} (usage: tq-gen [--check | --options])");
             return ExitCode::from(2);
         }
     };
