@@ -1,0 +1,198 @@
+//! Speculative decoding with turbo caches (issue 38): llama-server with a draft model
+//! (`-md`, `--spec-type draft-simple`, the draft's cache set by `-ctkd`/`-ctvd`) and with a
+//! draft-free type (`ngram-simple`), on the default model drafting for itself. Temperature 0
+//! and batches of verification below 64 tokens (draft-simple drafts 3, ngram-simple up to
+//! 48), which flash attention runs on the same turbo tiles as a one-token decode: the answer
+//! must be the plain decode's, token for token. Acceptance is compared with f16's, tokens/s
+//! with q8_0's. Figures and the margins' derivation: docs/SPECULATIVE.md.
+#![cfg(feature = "llama")]
+
+mod support;
+
+use serde_json::{json, Value};
+use std::sync::Mutex;
+use support::server::Server;
+
+/// The timing comparison must not share the two cores with the other test of this file.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Prose that does not repeat: only a draft model has something to propose.
+const PROSE: &str = "The history of the printing press begins";
+/// A list to copy: the n-gram types find their drafts in the prompt.
+const COPY: &str = "Copy the list exactly.\nList:\n1. apple, banana, cherry\n2. dog, cat, mouse\n\
+                    3. red, green, blue\n4. one, two, three\n5. north, south, east\nCopy:\n\
+                    1. apple, banana, cherry\n2.";
+
+/// Rounds of the interleaved timing (turbo, q8_0, turbo, q8_0, ...).
+const ROUNDS: usize = 3;
+/// Floor on the median of the rounds' turbo4/turbo3 / q8_0 tokens/s ratios. The issue's
+/// target is 0.9x and is met (median 0.99x over 8 rounds; 0.986-1.029 over 5 runs of this
+/// test), but on the shared 2-core machine single rounds ranged 0.886-1.153 (29 rounds,
+/// load average 9-13): 0.9 sits at the lowest rounds, two of which in one run would fail it.
+/// Below 0.85 two of three paired rounds must fall under the worst round seen.
+/// docs/SPECULATIVE.md has the table.
+const MIN_RATIO_VS_Q8_0: f64 = 0.85;
+/// Acceptance may differ from f16's by at most this many percentage points.
+const MAX_ACCEPT_POINTS: f64 = 2.0;
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn model() -> String {
+    support::model().to_str().unwrap().to_string()
+}
+
+/// A one-slot server with K/V cache `k`/`v`; `spec` adds a speculative type, with the model
+/// itself as draft (same cache types, one thread) for the draft types.
+fn server(k: &str, v: &str, spec: Option<&str>) -> Server {
+    let m = model();
+    // -lv 4: the caches' sizes and types (a few lines per request, the same for every server)
+    let mut a: Vec<&str> = vec![
+        "-fa", "on", "-c", "1024", "-np", "1", "-lv", "4", "-ctk", k, "-ctv", v,
+    ];
+    if let Some(t) = spec {
+        a.extend(["--spec-type", t]);
+        if t.starts_with("draft") {
+            // -td 1: ggml's threads spin while they wait, and two per context on two shared
+            // cores made every cache type 6-10x slower than plain decoding
+            a.extend(["-md", &m, "-td", "1", "-ctkd", k, "-ctvd", v]);
+        }
+    }
+    Server::start(&a)
+}
+
+struct Run {
+    text: String,
+    tps: f64,
+    drafted: u64,
+    accepted: u64,
+}
+
+impl Run {
+    fn acceptance(&self) -> f64 {
+        100.0 * self.accepted as f64 / self.drafted.max(1) as f64
+    }
+}
+
+fn complete(s: &Server, prompt: &str, n: u32) -> Run {
+    let v: Value = s.post_ok(
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": n, "temperature": 0, "cache_prompt": false}),
+    );
+    let t = &v["timings"];
+    Run {
+        text: v["content"].as_str().unwrap().to_string(),
+        tps: t["predicted_per_second"].as_f64().unwrap(),
+        drafted: t["draft_n"].as_u64().unwrap_or(0),
+        accepted: t["draft_n_accepted"].as_u64().unwrap_or(0),
+    }
+}
+
+#[test]
+fn draft_model_with_turbo_caches_answers_as_plain_decoding_and_keeps_pace_with_q8_0() {
+    let _g = lock();
+    let turbo = server("turbo4", "turbo3", Some("draft-simple"));
+    let q8 = server("q8_0", "q8_0", Some("draft-simple"));
+    let f16 = server("f16", "f16", Some("draft-simple"));
+    let plain = server("turbo4", "turbo3", None);
+    // warm-up: first-touch page faults and allocations out of the timed runs
+    for s in [&turbo, &q8] {
+        complete(s, "Hello", 8);
+    }
+
+    let reference = complete(&plain, PROSE, 128);
+    let f16_run = complete(&f16, PROSE, 128);
+    let mut ratios = Vec::new();
+    let (mut best_turbo, mut best_q8) = (0.0f64, 0.0f64);
+    for round in 0..ROUNDS {
+        let t = complete(&turbo, PROSE, 128);
+        let q = complete(&q8, PROSE, 128);
+        eprintln!(
+            "round {round}: turbo4/turbo3 {:.1} t/s ({}/{} accepted), q8_0 {:.1} t/s ({}/{}): {:.3}x",
+            t.tps,
+            t.accepted,
+            t.drafted,
+            q.tps,
+            q.accepted,
+            q.drafted,
+            t.tps / q.tps
+        );
+        assert!(
+            t.drafted > 0,
+            "turbo: nothing drafted:\n{}",
+            turbo.log_tail()
+        );
+        assert_eq!(
+            t.text, reference.text,
+            "turbo4/turbo3 with a draft model answers differently from plain decoding"
+        );
+        assert!(
+            (t.acceptance() - f16_run.acceptance()).abs() <= MAX_ACCEPT_POINTS,
+            "turbo acceptance {:.1} % ({}/{}) vs f16 {:.1} % ({}/{})",
+            t.acceptance(),
+            t.accepted,
+            t.drafted,
+            f16_run.acceptance(),
+            f16_run.accepted,
+            f16_run.drafted
+        );
+        ratios.push(t.tps / q.tps);
+        best_turbo = best_turbo.max(t.tps);
+        best_q8 = best_q8.max(q.tps);
+    }
+    // the median of the rounds' ratios: each pairs two runs next to each other in time, and
+    // a run that a burst of load slowed (or a lull sped up) moves one ratio, not the median
+    ratios.sort_by(f64::total_cmp);
+    let ratio = ratios[ROUNDS / 2];
+    eprintln!(
+        "median ratio {ratio:.3}x; best: turbo4/turbo3 {best_turbo:.1} t/s, q8_0 {best_q8:.1} t/s \
+         ({:.3}x); f16 {:.1} t/s, acceptance f16 {:.1} %; plain turbo {:.1} t/s",
+        best_turbo / best_q8,
+        f16_run.tps,
+        f16_run.acceptance(),
+        reference.tps
+    );
+    assert!(
+        ratio >= MIN_RATIO_VS_Q8_0,
+        "speculative turbo4/turbo3 at {ratio:.3}x q8_0's tokens/s (floor {MIN_RATIO_VS_Q8_0})"
+    );
+
+    // the draft context got the turbo cache too: two contexts name it
+    let log = turbo.stop();
+    let n = log.matches("K (turbo4)").count();
+    assert!(
+        n >= 2,
+        "turbo4 K in {n} contexts, want target and draft:\n{log}"
+    );
+}
+
+#[test]
+fn ngram_speculation_with_turbo_caches_answers_as_plain_decoding() {
+    let _g = lock();
+    let turbo = server("turbo4", "turbo3", Some("ngram-simple"));
+    let f16 = server("f16", "f16", Some("ngram-simple"));
+    let plain = server("turbo4", "turbo3", None);
+    let reference = complete(&plain, COPY, 64);
+    let t = complete(&turbo, COPY, 64);
+    let f = complete(&f16, COPY, 64);
+    eprintln!(
+        "ngram-simple: turbo4/turbo3 {}/{} accepted, {:.1} t/s; f16 {}/{}, {:.1} t/s; plain turbo {:.1} t/s",
+        t.accepted, t.drafted, t.tps, f.accepted, f.drafted, f.tps, reference.tps
+    );
+    assert!(t.drafted > 0, "nothing drafted:\n{}", turbo.log_tail());
+    assert_eq!(
+        t.text, reference.text,
+        "turbo4/turbo3 with ngram-simple answers differently from plain decoding"
+    );
+    assert!(
+        (t.acceptance() - f.acceptance()).abs() <= MAX_ACCEPT_POINTS,
+        "turbo acceptance {:.1} % ({}/{}) vs f16 {:.1} % ({}/{})",
+        t.acceptance(),
+        t.accepted,
+        t.drafted,
+        f.acceptance(),
+        f.accepted,
+        f.drafted
+    );
+}
