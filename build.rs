@@ -9,8 +9,7 @@
 
 #[path = "build/bindings.rs"]
 mod bindings;
-#[path = "build/cache_dir.rs"]
-mod cache_dir;
+use turboquant_cache_dir as cache_dir;
 #[path = "build/cmake.rs"]
 mod cmake;
 #[path = "build/ui.rs"]

@@ -8,10 +8,10 @@
 
 pub use turboquant_capi as capi;
 
-/// Where downloads and build caches live (`TQ_CACHE_DIR`, else the XDG cache): shared
-/// with build.rs, which materialises llama.cpp there.
-#[path = "../build/cache_dir.rs"]
-pub mod cache_dir;
+/// Where downloads and build caches live (`TQ_CACHE_DIR`, else the XDG cache): the
+/// `turboquant-cache-dir` crate (crates/cache-dir), which build.rs uses too to
+/// materialise llama.cpp there.
+pub use turboquant_cache_dir as cache_dir;
 
 /// Rust declarations of llama.cpp's C API as built (bindgen over `include/llama.h`, see
 /// build/bindings.rs), for `tq capture`.

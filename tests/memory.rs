@@ -8,8 +8,7 @@
 
 mod support;
 
-#[path = "../build/cache_dir.rs"]
-mod cache_dir;
+use turboquant::cache_dir;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -5,8 +5,7 @@
 mod support;
 use support::run_limited;
 
-#[path = "../build/cache_dir.rs"]
-mod cache_dir;
+use turboquant::cache_dir;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

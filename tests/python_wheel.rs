@@ -5,6 +5,7 @@
 //! long for every CI run: it runs only with TQ_PYTHON_WHEEL=1.
 
 mod support;
+use support::prereq::prerequisite;
 use support::run_limited;
 
 use std::path::Path;
@@ -13,8 +14,12 @@ use std::time::Duration;
 
 #[test]
 fn llama_cpp_python_wheel_generates_with_turbo_caches() {
-    if std::env::var_os("TQ_PYTHON_WHEEL").is_none() {
-        eprintln!("SKIPPED: set TQ_PYTHON_WHEEL=1 (builds llama.cpp as a wheel, minutes)");
+    // an opt-in, not a tool: .ci/run names it in TQ_CI_SKIP (docs/CI.md)
+    if !prerequisite(
+        "TQ_PYTHON_WHEEL",
+        std::env::var_os("TQ_PYTHON_WHEEL").is_some(),
+        "set TQ_PYTHON_WHEEL=1 (builds llama.cpp as a wheel, minutes)",
+    ) {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -5,6 +5,7 @@
 #![cfg(feature = "llama")]
 
 mod support;
+use support::prereq::prerequisite;
 use support::run_limited;
 
 use std::path::{Path, PathBuf};
@@ -182,9 +183,22 @@ fn have(tool: &str) -> bool {
 #[test]
 fn chat_page_answers_in_headless_chromium_with_turbo_caches() {
     let chromium = std::env::var("TQ_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    if WEB_UI != "embedded" || !Path::new(&chromium).exists() || !have("npm") {
-        // .ci/run installs chromium and builds the UI; a bare checkout may lack either
-        eprintln!("SKIPPED: needs the embedded web UI ({WEB_UI}), {chromium} and npm");
+    // .ci/run installs chromium and npm, and so builds the UI; a bare checkout may lack
+    // any of them (skipped there; under CI=true a failure with the reason)
+    let ready = prerequisite(
+        "web UI",
+        WEB_UI == "embedded",
+        &format!("llama-server was built without its web UI ({WEB_UI}), see build/ui.rs"),
+    ) && prerequisite(
+        "chromium",
+        Path::new(&chromium).exists(),
+        &format!("no {chromium} (Debian: apt-get install chromium; or set TQ_CHROMIUM)"),
+    ) && prerequisite(
+        "npm",
+        have("npm"),
+        "no npm on PATH (Debian: apt-get install npm): tests/browser needs playwright-core",
+    );
+    if !ready {
         return;
     }
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");

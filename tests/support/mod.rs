@@ -1,6 +1,7 @@
 //! Helpers for the tests that drive the real llama.cpp tools built by this crate.
 #![allow(dead_code)]
 
+pub mod prereq;
 pub mod server;
 pub mod slots;
 

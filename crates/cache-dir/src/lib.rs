@@ -1,6 +1,8 @@
 //! Where turboquant caches downloads (the pinned llama.cpp sdist, models, ccache) across
 //! builds and fresh clones: `$TQ_CACHE_DIR`, else `$XDG_CACHE_HOME/turboquant`, else
-//! `~/.cache/turboquant`. Shared by build.rs and the `tq` binary.
+//! `~/.cache/turboquant`. One definition for the root package's build script (a
+//! build-dependency: it materialises llama.cpp there), its library (re-exported as
+//! `turboquant::cache_dir`), `tq` and the tests.
 
 use std::path::PathBuf;
 
