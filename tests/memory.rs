@@ -8,7 +8,6 @@
 
 mod support;
 
-use turboquant::cache_dir;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -335,35 +334,10 @@ fn gemma3_window_and_global_caches_match_llama_cpp() {
 
 /// A python with numpy and pyyaml for vendor/llama.cpp/gguf-py, in the turboquant cache.
 fn python() -> PathBuf {
-    const PKGS: [&str; 2] = ["numpy==2.2.6", "pyyaml==6.0.2"];
-    let dir = cache_dir::cache_dir()
-        .join("venv")
-        .join("gguf-numpy-2.2.6-pyyaml-6.0.2");
-    let py = dir.join("bin/python");
-    if py.exists() && dir.join(".complete").exists() {
-        return py;
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    run_limited(
-        Command::new("python3").args(["-m", "venv"]).arg(&dir),
-        Duration::from_secs(120),
-        "python3 -m venv (Debian: apt-get install python3-venv)",
-    );
-    run_limited(
-        Command::new(&py)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(PKGS),
-        Duration::from_secs(300),
-        "pip install numpy pyyaml",
-    );
-    std::fs::write(dir.join(".complete"), PKGS.join("\n")).unwrap();
-    py
+    venv(
+        "gguf-numpy-2.2.6-pyyaml-6.0.2",
+        &["numpy==2.2.6", "pyyaml==6.0.2"],
+    )
 }
 
 /// scripts/random_gguf.py with `args` (tokenizer: SmolLM2's), made once per argument list.

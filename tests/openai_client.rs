@@ -5,7 +5,6 @@
 mod support;
 use support::run_limited;
 
-use turboquant::cache_dir;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -17,33 +16,7 @@ const CTX: u32 = 512;
 
 /// A virtualenv with the pinned client, made once per version in the cache.
 fn venv() -> PathBuf {
-    let dir = cache_dir::cache_dir()
-        .join("venv")
-        .join(OPENAI.replace("==", "-"));
-    let py = dir.join("bin/python");
-    if py.exists() && dir.join(".complete").exists() {
-        return py;
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    run_limited(
-        Command::new("python3").args(["-m", "venv"]).arg(&dir),
-        Duration::from_secs(120),
-        "python3 -m venv (Debian: apt-get install python3-venv)",
-    );
-    run_limited(
-        Command::new(&py).args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            OPENAI,
-        ]),
-        Duration::from_secs(300),
-        "pip install openai",
-    );
-    std::fs::write(dir.join(".complete"), OPENAI).unwrap();
-    py
+    support::venv(&OPENAI.replace("==", "-"), &[OPENAI])
 }
 
 #[test]
