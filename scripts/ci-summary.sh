@@ -60,10 +60,12 @@ END {
   for (i = 1; i <= n; i++) {
     note = ""
     if (!done_[i]) { fail[i]++; note = "  (no test result: killed or crashed)" }
+    if (pass[i] + fail[i] + skip[i] == 0) { empty++; continue }
     printf "ci:   %-28s %5d %3d %3d %8s%s\n", bin[i], pass[i], fail[i], skip[i], secs[i], note
     tp += pass[i]; tf += fail[i]; ts += skip[i]
     if (fail[i] > 0) failed = failed (failed == "" ? "" : " ") bin[i]
   }
+  if (empty) print "ci:   (and " empty " binaries with no tests: doc-tests, tool mains)"
   printf "%s", skipped_lines
   if (simd_ran != "")
     print "ci:   SIMD levels tested: " simd_ran "; unrun: " (simd_unrun == "" ? "none" : simd_unrun)
