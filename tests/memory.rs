@@ -8,7 +8,6 @@
 
 mod support;
 
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -5,7 +5,6 @@
 mod support;
 use support::run_limited;
 
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;

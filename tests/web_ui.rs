@@ -156,7 +156,11 @@ fn tq_serve_prints_the_url_of_the_chat_page_and_serves_it() {
     }
     // the API is there either way, with the turbo caches tq serve reports
     assert_eq!(request(s.port, "GET", "/v1/models", "").unwrap().code, 200);
-    assert!(out.contains("(turbo4 K / turbo3 V, 2048 tokens)"), "{out}");
+    // the KV line of tq serve: the cache types and the cells llama.cpp allocates (docs/MEMORY.md)
+    assert!(
+        out.contains("(turbo4 K / turbo3 V, 30 layers x 2048 cells)"),
+        "{out}"
+    );
     // A supervisor stops `tq serve` by its PID: the server must go with it, not stay
     // behind holding the port (it did while tq ran it as a child).
     let port = s.port;
