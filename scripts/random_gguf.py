@@ -10,6 +10,19 @@ cache):
     --arch granitehybrid  Granite-4.0-H: Mamba-2 layers (conv state R and SSM state S) and
                           attention layers
 
+and for the attention variants of the model families (tests/model_families.rs,
+docs/FAMILIES.md):
+
+    --arch gemma2         attention logit soft-capping (50, final 30), every other layer a
+                          sliding window (--swa, default 4096), Gemma's post-norms
+    --arch gpt-oss        learned attention sinks (blk.N.attn_sinks, one logit per head),
+                          a sliding window on every other layer, a small MoE feed-forward
+    --arch stablelm       partial RoPE: --rot channels of each head rotate (default head/4)
+    --arch deepseek2      MLA: q_lora / kv_lora compression (--q-lora, --kv-lora), the cache
+                          holds kv_lora + --rot channels per token and no V; --head is the
+                          per-head K/V size after decompression
+    --arch llama --head 512  512-wide heads
+
     PYTHONPATH=vendor/llama.cpp/gguf-py python3 scripts/random_gguf.py \
         --tokenizer-from SmolLM2.gguf --head 128 -o rand-h128.gguf
     ... --arch lfm2 --n-layer 6 --attn-every 3 -o rand-lfm2.gguf
@@ -36,10 +49,18 @@ def main():
     ap.add_argument("--n-head-kv", type=int, default=2)
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-ff", type=int, default=0, help="feed-forward size (default 4 x n_embd)")
-    ap.add_argument("--arch", choices=["llama", "lfm2", "granitehybrid"], default="llama")
+    ap.add_argument("--arch", choices=["llama", "lfm2", "granitehybrid", "gemma2", "gpt-oss",
+                                       "stablelm", "deepseek2"], default="llama")
+    ap.add_argument("--rot", type=int, default=0,
+                    help="RoPE channels per head (default: all; stablelm head/4; deepseek2 64)")
+    ap.add_argument("--q-lora", type=int, default=128, help="deepseek2: q_lora_rank")
+    ap.add_argument("--kv-lora", type=int, default=256, help="deepseek2: kv_lora_rank")
+    ap.add_argument("--n-expert", type=int, default=4, help="gpt-oss: experts (2 used)")
+    ap.add_argument("--sink", type=float, default=2.0, help="gpt-oss: mean of the sink logits")
     ap.add_argument("--attn-every", type=int, default=3,
                     help="hybrids: layer i is attention iff (i + 1) %% N == 0, else recurrent")
-    ap.add_argument("--swa", type=int, default=0, help="lfm2: sliding window of the attention layers")
+    ap.add_argument("--swa", type=int, default=0,
+                    help="lfm2, gemma2, gpt-oss: sliding window of the (window) attention layers")
     ap.add_argument("--l-cache", type=int, default=3, help="lfm2: short-convolution length")
     ap.add_argument("--d-conv", type=int, default=4, help="granitehybrid: Mamba-2 conv kernel")
     ap.add_argument("--d-state", type=int, default=64, help="granitehybrid: Mamba-2 state size")
@@ -72,6 +93,8 @@ def main():
     w.add_block_count(a.n_layer)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(a.n_head)
+    if a.arch in ("gemma2", "gpt-oss", "stablelm", "deepseek2"):
+        return families(a, w, vocab, n_embd, n_ff)
     hybrid = a.arch != "llama"
     attn = [not hybrid or (i + 1) % a.attn_every == 0 for i in range(a.n_layer)]
     # hybrids: a recurrent layer is one with 0 KV heads (llama.cpp's is_recr rule)
@@ -140,6 +163,110 @@ def main():
         t(p + "ffn_gate.weight", n_ff, n_embd)
         t(p + "ffn_up.weight", n_ff, n_embd)
         t(p + "ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def families(a, w, vocab, n_embd, n_ff):
+    """The attention variants: every layer attention, f16 weights N(0, 0.02^2), norms 1."""
+    arch, hd = a.arch, a.head
+    rot = a.rot or {"stablelm": hd // 4, "deepseek2": 64}.get(arch, hd)
+    mla = arch == "deepseek2"
+    # MLA caches one latent "head" per token: kv_lora + the RoPE part as K, kv_lora as V
+    w.add_head_count_kv(1 if mla else a.n_head_kv)
+    w.add_key_length(a.kv_lora + rot if mla else hd)
+    w.add_value_length(a.kv_lora if mla else hd)
+    w.add_rope_dimension_count(rot)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    if arch == "gemma2":
+        w.add_sliding_window(a.swa or 4096)
+        w.add_attn_logit_softcapping(50.0)
+        w.add_final_logit_softcapping(30.0)
+    elif arch == "gpt-oss":
+        w.add_sliding_window(a.swa or 128)
+        w.add_expert_count(a.n_expert)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(n_ff)
+    elif arch == "stablelm":
+        w.add_layer_norm_eps(1e-5)
+    elif mla:
+        w.add_q_lora_rank(a.q_lora)
+        w.add_kv_lora_rank(a.kv_lora)
+        w.add_key_length_mla(hd)  # nope + rope
+        w.add_value_length_mla(hd)
+        w.add_leading_dense_block_count(a.n_layer)  # every layer dense: no MoE needed
+        w.add_expert_feed_forward_length(n_ff)
+        w.add_expert_shared_count(1)
+        assert hd > rot, "deepseek2: --head (nope + rope) must exceed --rot"
+
+    rng = np.random.default_rng(a.seed)
+
+    def t(name, *shape, scale=0.02, dtype=np.float16):
+        # numpy shape is ggml's ne reversed
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(dtype))
+
+    def ones(name, *shape):
+        w.add_tensor(name, np.ones(shape, dtype=np.float32))
+
+    def zeros(name, *shape):
+        w.add_tensor(name, np.zeros(shape, dtype=np.float32))
+
+    t("token_embd.weight", vocab, n_embd)
+    ones("output_norm.weight", n_embd)
+    if arch == "stablelm":
+        zeros("output_norm.bias", n_embd)
+    if arch != "gemma2":  # gemma2 ties the output to token_embd
+        t("output.weight", vocab, n_embd)
+    nh, kv = a.n_head, hd * a.n_head_kv
+    for i in range(a.n_layer):
+        p = f"blk.{i}."
+        ones(p + "attn_norm.weight", n_embd)
+        if arch == "stablelm":
+            zeros(p + "attn_norm.bias", n_embd)
+        if mla:
+            ones(p + "attn_q_a_norm.weight", a.q_lora)
+            ones(p + "attn_kv_a_norm.weight", a.kv_lora)
+            t(p + "attn_q_a.weight", a.q_lora, n_embd)
+            t(p + "attn_q_b.weight", nh * hd, a.q_lora)
+            t(p + "attn_kv_a_mqa.weight", a.kv_lora + rot, n_embd)
+            # ggml {nope, kv_lora, n_head} and {kv_lora, v, n_head}
+            t(p + "attn_k_b.weight", nh, a.kv_lora, hd - rot)
+            t(p + "attn_v_b.weight", nh, hd, a.kv_lora)
+            t(p + "attn_output.weight", n_embd, nh * hd)
+        else:
+            t(p + "attn_q.weight", nh * hd, n_embd)
+            t(p + "attn_k.weight", kv, n_embd)
+            t(p + "attn_v.weight", kv, n_embd)
+            t(p + "attn_output.weight", n_embd, nh * hd)
+        if arch in ("gemma2", "gpt-oss"):
+            ones(p + "post_attention_norm.weight", n_embd)
+        if arch == "gpt-oss":
+            zeros(p + "attn_output.bias", n_embd)
+            # the learned sink: one logit per head, against keys whose logits are ~0 here
+            w.add_tensor(p + "attn_sinks.weight",
+                         (a.sink + rng.standard_normal(nh) * 0.5).astype(np.float32))
+            ne = a.n_expert
+            t(p + "ffn_gate_inp.weight", ne, n_embd, dtype=np.float32)
+            zeros(p + "ffn_gate_inp.bias", ne)
+            t(p + "ffn_gate_exps.weight", ne, n_ff, n_embd)
+            t(p + "ffn_up_exps.weight", ne, n_ff, n_embd)
+            t(p + "ffn_down_exps.weight", ne, n_embd, n_ff)
+            zeros(p + "ffn_gate_exps.bias", ne, n_ff)
+            zeros(p + "ffn_up_exps.bias", ne, n_ff)
+            zeros(p + "ffn_down_exps.bias", ne, n_embd)
+            continue
+        ones(p + "ffn_norm.weight", n_embd)
+        if arch == "stablelm":
+            zeros(p + "ffn_norm.bias", n_embd)
+        t(p + "ffn_gate.weight", n_ff, n_embd)
+        t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+        if arch == "gemma2":
+            ones(p + "post_ffw_norm.weight", n_embd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

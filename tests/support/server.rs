@@ -46,12 +46,17 @@ impl Server {
 
     /// The same with `env` set for this server only (a test's threads share the process's).
     pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::start_model(&model(), args, env)
+    }
+
+    /// llama-server on the GGUF `m` with `args` added and `env` set.
+    pub fn start_model(m: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Server {
         for _ in 0..3 {
             let port = free_port();
             let log = std::env::temp_dir().join(format!("tq-rel-server-{port}.log"));
             let child = Command::new(bin("llama-server"))
                 .arg("-m")
-                .arg(model())
+                .arg(m)
                 .args([
                     "--host",
                     "127.0.0.1",

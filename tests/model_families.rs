@@ -1,0 +1,420 @@
+//! Every model family users bring (issue 38), each through the real llama-perplexity with
+//! turbo caches (and the massive-K model through llama-server):
+//!
+//! - massive K channels on real weights: SmolLM2 with a few RoPE pairs of K per KV head
+//!   x 100 and the matching Q pairs x 1/100 plus a K bias (scripts/transform_gguf.py): the
+//!   same model, whose cache now holds channels 100 times the rest. KLD of turbo4 / turbo3
+//!   against q4_0's, both against the f16 cache.
+//! - random-weight models (scripts/random_gguf.py) of the attention variants: soft-capping
+//!   (gemma2), learned sinks (gpt-oss), partial RoPE (stablelm), MLA (deepseek2), 512-wide
+//!   heads (llama): each runs, its PPL stays near the f16 cache's, and llama's log says what
+//!   the turbo K mean does there.
+//!
+//! The generated GGUFs are cached under target/test-models/families-*, keyed by a hash of
+//! both scripts and the arguments. Measured numbers and the table: docs/FAMILIES.md.
+#![cfg(feature = "llama")]
+
+mod support;
+
+#[path = "../build/cache_dir.rs"]
+mod cache_dir;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use support::*;
+
+/// PPL of the random models with turbo4 K / turbo3 V against the f16 cache: measured within
+/// 1.2 % (docs/FAMILIES.md); a random model's PPL is about its vocabulary (49152), so a
+/// broken cache shows as a large move either way.
+const RANDOM_PPL_REL: f64 = 0.03;
+
+/// The massive-K model at ctx 512 (4 chunks, one pass), KLD against the f16 cache, turbo
+/// over q4_0 (which collapses there: KLD 6.43). Measured (docs/FAMILIES.md): turbo4 0.0056x,
+/// turbo3 0.019x; the issue's targets are 0.5x and 1.0x, met by far, so these bounds are
+/// the measured ratios with room (x 3.5, x 2.6) to catch turbo losing its grip instead.
+const TURBO4_VS_Q4_0: f64 = 0.02;
+const TURBO3_VS_Q4_0: f64 = 0.05;
+/// turbo PPL over the f16 cache's there: measured 1.03 (turbo4), 1.10 (turbo3); the issue
+/// allows 1.5.
+const PPL_VS_F16: f64 = 1.25;
+
+/// A python with numpy and pyyaml for vendor/llama.cpp/gguf-py (the venv tests/memory.rs
+/// makes, in the turboquant cache).
+fn python() -> PathBuf {
+    const PKGS: [&str; 2] = ["numpy==2.2.6", "pyyaml==6.0.2"];
+    let dir = cache_dir::cache_dir()
+        .join("venv")
+        .join("gguf-numpy-2.2.6-pyyaml-6.0.2");
+    let py = dir.join("bin/python");
+    if py.exists() && dir.join(".complete").exists() {
+        return py;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    run_limited(
+        Command::new("python3").args(["-m", "venv"]).arg(&dir),
+        Duration::from_secs(120),
+        "python3 -m venv (Debian: apt-get install python3-venv)",
+    );
+    run_limited(
+        Command::new(&py)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(PKGS),
+        Duration::from_secs(300),
+        "pip install numpy pyyaml",
+    );
+    std::fs::write(dir.join(".complete"), PKGS.join("\n")).unwrap();
+    py
+}
+
+/// FNV-1a, 64 bits: a cache key that stays the same across Rust releases.
+fn fnv(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for b in p.iter().chain(b"\0") {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+    }
+    h
+}
+
+/// Runs scripts/`script` with `args` and `-o`/`--out` into target/test-models, once per
+/// (both scripts' text, args): `name-<hash>.gguf`.
+fn gguf(name: &str, script: &str, args: &[String]) -> PathBuf {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scripts: Vec<Vec<u8>> = ["random_gguf.py", "transform_gguf.py"]
+        .iter()
+        .map(|s| std::fs::read(root.join("scripts").join(s)).unwrap())
+        .collect();
+    let mut parts: Vec<&[u8]> = scripts.iter().map(|s| &s[..]).collect();
+    parts.push(script.as_bytes());
+    parts.extend(args.iter().map(|a| a.as_bytes()));
+    let dir = root.join("target/test-models");
+    let out = dir.join(format!("families-{name}-{:016x}.gguf", fnv(&parts)));
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !out.exists() {
+        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = out.with_extension("partial");
+        run_limited(
+            Command::new(python())
+                .env("PYTHONPATH", root.join("vendor/llama.cpp/gguf-py"))
+                .arg(root.join("scripts").join(script))
+                .args(args)
+                .arg("-o")
+                .arg(&tmp),
+            Duration::from_secs(300),
+            script,
+        );
+        std::fs::rename(&tmp, &out).unwrap();
+    }
+    out
+}
+
+/// A random-weight model: scripts/random_gguf.py with `args` (tokenizer: SmolLM2's).
+fn random(name: &str, args: &str) -> PathBuf {
+    let mut a = vec![
+        "--tokenizer-from".to_string(),
+        model().display().to_string(),
+    ];
+    a.extend(args.split_whitespace().map(|s| s.to_string()));
+    gguf(name, "random_gguf.py", &a)
+}
+
+/// SmolLM2 with massive K channels: 2 RoPE pairs per KV head x 100 (Q x 1/100), and a
+/// K bias of 100 x 4 on the lowest-frequency pair.
+fn massive_k() -> PathBuf {
+    let a: Vec<String> = [
+        model().display().to_string(),
+        "--scale".into(),
+        "100".into(),
+        "--k-bias".into(),
+        "4".into(),
+    ]
+    .into();
+    gguf("smollm2-k100-bias4", "transform_gguf.py", &a)
+}
+
+/// One llama-perplexity run over the llama.cpp docs with K/V cache types `ct`; returns
+/// its log (at -lv 4: the turbo K mean lines are there).
+fn perplexity(m: &Path, ct: (&str, &str), ctx: u32, chunks: u32, extra: &[&str]) -> String {
+    let t = Instant::now();
+    let mut cmd = Command::new(bin("llama-perplexity"));
+    cmd.arg("-m").arg(m).arg("-f").arg(corpus());
+    cmd.args(["-c", &ctx.to_string(), "--chunks", &chunks.to_string()]);
+    cmd.args([
+        "-t", "2", "-fa", "on", "-lv", "4", "-ctk", ct.0, "-ctv", ct.1,
+    ]);
+    cmd.args(extra);
+    let o = run_for(&mut cmd, 600);
+    let log = text(&o);
+    assert!(
+        o.status.success(),
+        "llama-perplexity {} -ctk {} -ctv {} failed ({}):\n{}",
+        m.display(),
+        ct.0,
+        ct.1,
+        o.status,
+        tail(&log)
+    );
+    eprintln!(
+        "{} -ctk {} -ctv {} -c {ctx} --chunks {chunks}: {:.1} s",
+        m.file_name().unwrap().to_string_lossy(),
+        ct.0,
+        ct.1,
+        t.elapsed().as_secs_f64()
+    );
+    log
+}
+
+fn tail(log: &str) -> String {
+    // the debug lines (-lv 4) are many: the last lines without them
+    let lines: Vec<&str> = log.lines().filter(|l| !l.contains(" D ")).collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn final_ppl(log: &str) -> f64 {
+    let p = number_after(log, "Final estimate: PPL =")
+        .unwrap_or_else(|| panic!("no final PPL:\n{}", tail(log)));
+    assert!(p.is_finite() && p > 0.0, "PPL {p}");
+    p
+}
+
+/// The turbo K mean lines llama logged (one set per cache: iSWA models have two).
+fn k_mean_lines(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| {
+            l.contains("turbo K mean")
+                || l.contains("turbo exact first keys")
+                || l.contains("turbo K/Q")
+        })
+        .map(|l| l[l.find("turbo").unwrap()..].to_string())
+        .collect()
+}
+
+/// f16 against turbo4 K / turbo3 V at -c 256 --chunks 2: both run, PPL finite and close;
+/// returns the turbo run's K mean lines and both PPLs.
+fn family(m: &Path, ct: (&str, &str)) -> (Vec<String>, f64, f64) {
+    let f16 = final_ppl(&perplexity(m, ("f16", "f16"), 256, 2, &[]));
+    let log = perplexity(m, ct, 256, 2, &[]);
+    let turbo = final_ppl(&log);
+    let lines = k_mean_lines(&log);
+    eprintln!(
+        "f16 PPL {f16:.2}, {ct:?} PPL {turbo:.2}\n{}",
+        lines.join("\n")
+    );
+    assert!(
+        (turbo / f16 - 1.0).abs() <= RANDOM_PPL_REL,
+        "{}: PPL {turbo} with {ct:?} against {f16} with f16",
+        m.display()
+    );
+    (lines, f16, turbo)
+}
+
+const TURBO: (&str, &str) = ("turbo4", "turbo3");
+
+fn has(lines: &[String], s: &str) -> bool {
+    lines.iter().any(|l| l.contains(s))
+}
+
+/// The mean in RoPE's frame, on in every cache that holds layers, with the exact first keys.
+fn assert_rope_frame(lines: &[String], caches: usize) {
+    let n = |s: &str| lines.iter().filter(|l| l.contains(s)).count();
+    assert_eq!(n("turbo K mean removal: on"), caches, "{lines:#?}");
+    assert_eq!(n("turbo K mean in RoPE's frame: on"), caches, "{lines:#?}");
+    assert_eq!(n("turbo exact first keys: on"), caches, "{lines:#?}");
+    assert_eq!(n("turbo K/Q channel balancing: on"), caches, "{lines:#?}");
+    assert!(!has(lines, "off here"), "{lines:#?}");
+}
+
+/// Gemma-2 style: attention logits soft-capped (50), every other layer a 128-token window.
+#[test]
+fn soft_capping_gemma2() {
+    let m = random(
+        "gemma2",
+        "--arch gemma2 --head 128 --n-head 2 --n-head-kv 1 --n-layer 4 --n-ff 1024 --swa 128",
+    );
+    let (lines, _, _) = family(&m, TURBO);
+    // the mean in RoPE's frame adds each key's share back before the cap: exact, so on
+    assert_rope_frame(&lines, 2);
+}
+
+/// gpt-oss style: a learned sink logit per head, windowed layers, a small MoE.
+#[test]
+fn learned_sinks_gpt_oss() {
+    let m = random(
+        "gpt-oss",
+        "--arch gpt-oss --head 64 --n-head 4 --n-head-kv 2 --n-layer 4 --n-ff 256 --swa 128",
+    );
+    let (lines, _, _) = family(&m, TURBO);
+    // the sink logit is left untouched, the keys' raw logits restored: exact, so on
+    assert_rope_frame(&lines, 2);
+}
+
+/// StableLM style: RoPE on a quarter of each head (16 of 64 channels).
+#[test]
+fn partial_rope_stablelm() {
+    let m = random(
+        "stablelm",
+        "--arch stablelm --head 64 --n-head 4 --n-head-kv 4 --n-layer 4 --n-ff 1024",
+    );
+    let (lines, _, _) = family(&m, TURBO);
+    assert!(
+        has(&lines, "turbo K mean removal: off (partial RoPE)"),
+        "{lines:#?}"
+    );
+    assert!(
+        has(
+            &lines,
+            "turbo K/Q channel balancing: off (needs K mean removal)"
+        ),
+        "{lines:#?}"
+    );
+    assert!(!has(&lines, "RoPE's frame: on"), "{lines:#?}");
+}
+
+fn mla_model() -> PathBuf {
+    random(
+        "deepseek2",
+        "--arch deepseek2 --head 128 --n-head 4 --n-layer 4 --n-ff 1024 --q-lora 128 --kv-lora 256 --rot 64",
+    )
+}
+
+/// DeepSeek-V2 style MLA (q_lora 128, kv_lora 256, 64 RoPE channels): the cache holds one
+/// 320-wide latent K per token and no V (V is a view of K), so K and V must share a type.
+/// What it should do: run, with the K mean off (MLA).
+#[test]
+#[ignore = "MLA refuses turbo caches: the cache has no V (n_embd_head_v = 0), so llama never \
+            sets attn_rot_v and tq_rot_init refuses the turbo V type (ggml-ext, docs/FAMILIES.md)"]
+fn mla_deepseek2() {
+    let (lines, _, _) = family(&mla_model(), ("turbo4", "turbo4"));
+    assert!(has(&lines, "turbo K mean removal: off (MLA)"), "{lines:#?}");
+}
+
+/// What MLA does today: f16 runs, a turbo cache is refused with an error (not a crash).
+#[test]
+fn mla_deepseek2_turbo_refused_cleanly() {
+    let m = mla_model();
+    final_ppl(&perplexity(&m, ("f16", "f16"), 256, 2, &[]));
+    let mut cmd = Command::new(bin("llama-perplexity"));
+    cmd.arg("-m").arg(&m).arg("-f").arg(corpus());
+    cmd.args([
+        "-c", "256", "--chunks", "2", "-t", "2", "-fa", "on", "-lv", "4",
+    ]);
+    cmd.args(["-ctk", "turbo4", "-ctv", "turbo4"]);
+    let o = run_for(&mut cmd, 300);
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{}", tail(&log));
+    assert!(
+        log.contains("turbo KV cache needs every layer's head size to be a multiple of 64")
+            && log.contains("n_embd_head_v = 0"),
+        "{}",
+        tail(&log)
+    );
+    assert!(
+        log.contains("turbo K mean removal: off (MLA)"),
+        "{}",
+        tail(&log)
+    );
+}
+
+/// 512-wide heads (Gemma-4-style global layers) on the llama arch.
+#[test]
+fn head_512_llama() {
+    let m = random(
+        "llama-h512",
+        "--arch llama --head 512 --n-head 1 --n-head-kv 1 --n-layer 4 --n-ff 1024",
+    );
+    let (lines, _, _) = family(&m, TURBO);
+    assert_rope_frame(&lines, 1);
+}
+
+fn kld(log: &str) -> f64 {
+    let k = number_after(log, "Mean    KLD:").unwrap_or_else(|| panic!("no KLD:\n{}", tail(log)));
+    assert!(k.is_finite() && k >= 0.0, "KLD {k}");
+    k
+}
+
+/// The massive-K SmolLM2 at ctx 512 (4 chunks, one pass): turbo's KLD against q4_0's.
+#[test]
+fn massive_k_channels_smollm2() {
+    let m = massive_k();
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-families-massive-k.kld");
+    let base_s = base.to_str().unwrap();
+    let f16 = final_ppl(&perplexity(
+        &m,
+        ("f16", "f16"),
+        512,
+        4,
+        &["--kl-divergence-base", base_s],
+    ));
+    let run = |ct: &str| {
+        let log = perplexity(
+            &m,
+            (ct, ct),
+            512,
+            4,
+            &["--kl-divergence-base", base_s, "--kl-divergence"],
+        );
+        let ppl = number_after(&log, "Mean PPL(Q)").unwrap();
+        (kld(&log), ppl, log)
+    };
+    let (q4, q4_ppl, _) = run("q4_0");
+    let (t4, t4_ppl, log4) = run("turbo4");
+    let (t3, t3_ppl, _) = run("turbo3");
+    let _ = std::fs::remove_file(&base);
+    eprintln!(
+        "massive K, ctx 512 x 4: PPL f16 {f16:.3}, q4_0 {q4_ppl:.3}, turbo4 {t4_ppl:.3}, \
+         turbo3 {t3_ppl:.3}; KLD q4_0 {q4:.4}, turbo4 {t4:.4} ({:.3}x), turbo3 {t3:.4} ({:.3}x)",
+        t4 / q4,
+        t3 / q4
+    );
+    assert_rope_frame(&k_mean_lines(&log4), 1);
+    assert!(t4 <= TURBO4_VS_Q4_0 * q4, "turbo4 KLD {t4} vs q4_0 {q4}");
+    assert!(t3 <= TURBO3_VS_Q4_0 * q4, "turbo3 KLD {t3} vs q4_0 {q4}");
+    for (ct, p) in [("turbo4", t4_ppl), ("turbo3", t3_ppl)] {
+        assert!(p <= PPL_VS_F16 * f16, "{ct} PPL {p} vs f16 {f16}");
+    }
+}
+
+/// One chat completion (temperature 0) from llama-server with turbo4 K / turbo3 V on the
+/// massive-K model returns text.
+#[test]
+fn massive_k_server_chat() {
+    let m = massive_k();
+    let srv = server::Server::start_model(
+        &m,
+        &[
+            "-c", "2048", "-np", "1", "-fa", "on", "-ctk", "turbo4", "-ctv", "turbo3", "-lv", "4",
+        ],
+        &[],
+    );
+    let r = srv.post_ok(
+        "/v1/chat/completions",
+        &serde_json::json!({
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "temperature": 0,
+            "max_tokens": 24,
+        }),
+    );
+    let text = r["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let log = srv.stop();
+    eprintln!("massive-K model, turbo4/turbo3: {text:?}");
+    assert!(!text.trim().is_empty(), "{r}");
+    assert!(
+        log.contains("turbo K mean in RoPE's frame: on"),
+        "{}",
+        &log[log.len().saturating_sub(3000)..]
+    );
+}
