@@ -35,7 +35,9 @@ void llama_kv_cache::tq_rot_init(ggml_type type_k, ggml_type type_v, bool attn_r
         // layer is global, or the reverse) stores nothing, so it has nothing to rotate
         return;
     }
-    if ((TQ_GGML_IS_TURBO(type_k) && !attn_rot_k) || (TQ_GGML_IS_TURBO(type_v) && !attn_rot_v)) {
+    // an MLA cache stores no V (V is a view of K): its V type names nothing to rotate
+    const bool has_v = std::any_of(layers.begin(), layers.end(), [](const kv_layer & l) { return l.v != nullptr; });
+    if ((TQ_GGML_IS_TURBO(type_k) && !attn_rot_k) || (has_v && TQ_GGML_IS_TURBO(type_v) && !attn_rot_v)) {
         if (!attn_rot_disable) {
             throw std::runtime_error(format("turbo KV cache needs every layer's head size to be a multiple of 64 "
                 "(n_embd_head_k = %d, n_embd_head_v = %d); use q8_0/q4_0/f16 for this model",
