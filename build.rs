@@ -16,6 +16,8 @@ mod cmake;
 mod ui;
 #[path = "build/vendor.rs"]
 mod vendor;
+#[path = "build/vulkan_shaders.rs"]
+mod vulkan_shaders;
 
 use std::path::PathBuf;
 
@@ -44,6 +46,7 @@ fn run(root: &std::path::Path) -> Result<(), String> {
         "ggml-ext/cmake",
         "ggml-ext/tests",
         "ggml-ext/ggml-cuda",
+        "ggml-ext/ggml-vulkan",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }

@@ -21,10 +21,17 @@ pub fn cuda() -> bool {
     std::env::var_os("CARGO_FEATURE_CUDA").is_some()
 }
 
+/// True when the crate is built with `--features vulkan`.
+pub fn vulkan() -> bool {
+    std::env::var_os("CARGO_FEATURE_VULKAN").is_some()
+}
+
 /// One build directory per target dir and backend set, shared by every profile:
-/// llama.cpp is always built in Release, and ccache makes rebuilds cheap. The CUDA build
-/// has its own directory, so switching features never reconfigures the other.
+/// llama.cpp is always built in Release, and ccache makes rebuilds cheap. The CUDA and
+/// Vulkan builds have their own directories (`llama.cpp-build-cuda`, `-vulkan`,
+/// `-cuda-vulkan`), so switching features never reconfigures another.
 pub fn build_dir(root: &Path) -> PathBuf {
+    println!("cargo:rerun-if-env-changed=TQ_LLAMA_BUILD_DIR");
     if let Some(d) = std::env::var_os("TQ_LLAMA_BUILD_DIR") {
         return PathBuf::from(d);
     }
@@ -36,11 +43,14 @@ pub fn build_dir(root: &Path) -> PathBuf {
     } else {
         root.join(target)
     };
-    target.join(if cuda() {
-        "llama.cpp-build-cuda"
-    } else {
-        "llama.cpp-build"
-    })
+    let mut name = String::from("llama.cpp-build");
+    if cuda() {
+        name += "-cuda";
+    }
+    if vulkan() {
+        name += "-vulkan";
+    }
+    target.join(name)
 }
 
 /// cmake arguments of the CUDA build (`--features cuda`): GGML_CUDA with our kernels
@@ -69,6 +79,30 @@ fn cuda_args() -> Vec<String> {
         ));
     }
     a
+}
+
+/// cmake arguments of the Vulkan build (`--features vulkan`): ggml-vulkan, whose shaders
+/// vulkan-shaders-gen compiles with glslc at build time. ggml-vulkan's CMakeLists test-compiles
+/// one shader per optional GLSL extension (cooperative matrix 1/2, integer dot, bf16, fp8/fp4)
+/// and turns each off when glslc says "extension not supported", as Debian 12's glslc 2023.2
+/// does for all of them: only the scalar shader paths are built, which every device runs.
+/// Our ops are refused by the Vulkan device (ggml-ext/ggml-vulkan/tq-vulkan.h).
+fn vulkan_args() -> Result<Vec<String>, String> {
+    super::vendor::require_tool(
+        "glslc",
+        "Debian: apt-get install glslc libvulkan-dev spirv-headers",
+    )?;
+    let headers = [
+        "/usr/include/vulkan/vulkan.hpp",
+        "/usr/local/include/vulkan/vulkan.hpp",
+    ];
+    if std::env::var_os("VULKAN_SDK").is_none() && !headers.iter().any(|h| Path::new(h).exists()) {
+        return Err("the vulkan feature needs the Vulkan headers and loader \
+                    (Debian: apt-get install libvulkan-dev glslc spirv-headers), or VULKAN_SDK"
+            .into());
+    }
+    println!("cargo:rerun-if-env-changed=VULKAN_SDK");
+    Ok(vec!["-DGGML_VULKAN=ON".to_string()])
 }
 
 /// Compiler flags that keep upstream's AMX matmul out of the build. GGML_NATIVE compiles
@@ -153,7 +187,20 @@ pub fn build(root: &Path, src: &Path, build_dir: &Path) -> Result<(), String> {
     if cuda() {
         cfg.args(cuda_args());
     }
+    if vulkan() {
+        cfg.args(vulkan_args()?);
+    }
     run(&mut cfg, "cmake configure of llama.cpp")?;
+    // a fresh build directory takes ggml-vulkan's generated shaders from the cache (a cache
+    // that fails is only a slower build)
+    let shader_cache = |r: Result<(), String>| {
+        if let Err(e) = r {
+            println!("cargo:warning=turboquant: Vulkan shader cache: {e}");
+        }
+    };
+    if vulkan() {
+        shader_cache(super::vulkan_shaders::restore(src, build_dir));
+    }
 
     let jobs = std::env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
     let mut b = Command::new("cmake");
@@ -165,6 +212,9 @@ pub fn build(root: &Path, src: &Path, build_dir: &Path) -> Result<(), String> {
     }
     b.arg("tq-ggml-tests").arg("tq-rpc-server-impl");
     run(&mut b, "cmake build of llama.cpp")?;
+    if vulkan() {
+        shader_cache(super::vulkan_shaders::store(src, build_dir));
+    }
     Ok(())
 }
 

@@ -23,12 +23,14 @@ layers=(
   "0103 ggml-cuda ggml-cuda kernels' dispatch, flash attention, cmake"
   "0104 llama     libllama: context options, rotation, K mean, KV cache, graph"
   "0105 tools     common (arguments), llama-bench, test-backend-ops"
+  "0106 ggml-vulkan ggml-vulkan: supports_op refuses the turbo types, cmake"
 )
 # Which layer an upstream file belongs to; a new path prefix needs a line here.
 layer_of() {
   case $1 in
     ggml/src/ggml-cpu/*) echo ggml-cpu ;;
     ggml/src/ggml-cuda/*) echo ggml-cuda ;;
+    ggml/src/ggml-vulkan/*) echo ggml-vulkan ;;
     ggml/include/*|ggml/src/*|ggml/CMakeLists.txt|ggml/cmake/*) echo ggml-core ;;
     src/*|include/*) echo llama ;;
     common/*|tools/*|tests/*|examples/*) echo tools ;;

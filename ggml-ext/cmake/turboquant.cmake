@@ -26,7 +26,8 @@ endif()
 # Our ggml-level tests (ggml-ext/tests), built as a static library that a Rust test links.
 if (TQ_BUILD_TESTS)
     add_library(tq-ggml-tests STATIC "${TQ_EXT_DIR}/tests/ggml_ops.cpp" "${TQ_EXT_DIR}/tests/sink_ops.cpp"
-                                     "${TQ_EXT_DIR}/tests/contract_ops.cpp")
+                                     "${TQ_EXT_DIR}/tests/contract_ops.cpp"
+                                     "${TQ_EXT_DIR}/tests/backend_refusal.cpp")
     target_link_libraries(tq-ggml-tests PUBLIC ggml)
     target_compile_features(tq-ggml-tests PRIVATE cxx_std_17)
 endif()

@@ -51,6 +51,49 @@ void llama_kv_cache::tq_rot_init(ggml_type type_k, ggml_type type_v, bool attn_r
     }
 }
 
+// Whether `dev` can hold a cache of `type` with rows of n_embd values: every op that writes the
+// cache runs where the cache lives (SET_ROWS, the K shift's CPY; ggml's scheduler aborts on a
+// pre-allocated tensor whose backend refuses its op), so the device must take SET_ROWS into it
+// and the cache tensor itself. Non-turbo types are upstream's business: always true.
+static bool tq_kv_dev_holds(ggml_backend_dev_t dev, ggml_type type, int64_t n_embd) {
+    if (!TQ_GGML_IS_TURBO(type) || n_embd <= 0) {
+        return true;
+    }
+    ggml_init_params params = { 4*ggml_tensor_overhead(), nullptr, /*no_alloc =*/ true };
+    ggml_context_ptr ctx { ggml_init(params) };
+    if (!ctx) {
+        throw std::runtime_error("failed to create ggml context for the turbo cache check");
+    }
+    ggml_tensor * cache = ggml_new_tensor_2d(ctx.get(), type, n_embd, 2);
+    ggml_tensor * row   = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, n_embd, 1);
+    ggml_tensor * idx   = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I64, 1);
+    ggml_tensor * set   = ggml_set_rows(ctx.get(), cache, row, idx);
+    return ggml_backend_dev_supports_op(dev, cache) && ggml_backend_dev_supports_op(dev, set);
+}
+
+// Called for each offloaded layer after llama picks its device's buffer type: a device without
+// kernels for a turbo K or V type (ggml-vulkan has none yet, ggml-ext/ggml-vulkan/tq-vulkan.h)
+// cannot hold the cache, so that layer's K and V stay in host memory, where the CPU backend
+// writes them and runs their attention; the layer's weights and other ops stay on the device.
+// Logged once per cache (the per-layer device is in the debug log).
+void llama_kv_cache::tq_kv_keep_host(ggml_backend_dev_t dev, uint32_t il, ggml_type type_k, ggml_type type_v,
+                                     uint32_t n_embd_k, uint32_t n_embd_v, ggml_backend_buffer_type_t * buft,
+                                     const char ** dev_name) {
+    if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+        return;
+    }
+    if (tq_kv_dev_holds(dev, type_k, n_embd_k) && tq_kv_dev_holds(dev, type_v, n_embd_v)) {
+        return;
+    }
+    if (tq_kv_host_layers++ == 0) {
+        LLAMA_LOG_WARN("%s: %s has no kernels for a %s K / %s V cache: the KV cache of the layers on it stays in "
+                       "host memory, where the CPU writes it and runs its attention (first: layer %u)\n",
+                       __func__, ggml_backend_dev_name(dev), ggml_type_name(type_k), ggml_type_name(type_v), il);
+    }
+    *buft = ggml_backend_cpu_buffer_type();
+    *dev_name = "CPU";
+}
+
 // Called after llama fills an n x n rotation matrix: a turbo cache replaces it with the
 // seeded one. Its graph input is marked (tq_rot_mark_seeded) so that llama_mul_mat_hadamard
 // does not ask the backend for the unsigned fast Walsh-Hadamard transform.
