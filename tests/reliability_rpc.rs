@@ -53,15 +53,19 @@ impl Drop for RpcServer {
     }
 }
 
-/// PPL over 4 chunks of 128 tokens, locally or (`rpc`) with everything on the RPC device.
-/// Returns the PPL and the run's log.
-fn ppl(ctk: &str, ctv: &str, rpc: Option<&str>, env: &[(&str, &str)]) -> (f64, String) {
+/// llama-perplexity over the corpus with `args`, K/V types ctk/ctv and, with `rpc`, every
+/// layer and the KV cache on the RPC device (checked in the log). Returns the log.
+fn perplexity(
+    args: &[&str],
+    ctk: &str,
+    ctv: &str,
+    rpc: Option<&str>,
+    env: &[(&str, &str)],
+) -> String {
     let mut cmd = perplexity_cmd(&corpus());
-    cmd.args([
-        "-c", "128", "--chunks", "4", "-b", "128", "-t", "1", "-fa", "on",
-    ])
-    .args(["-ctk", ctk, "-ctv", ctv, "-lv", "4"])
-    .envs(env.iter().copied());
+    cmd.args(args)
+        .args(["-fa", "on", "-lv", "4", "-ctk", ctk, "-ctv", ctv])
+        .envs(env.iter().copied());
     if let Some(ep) = rpc {
         cmd.args(["--rpc", ep, "-ngl", "99"]);
     }
@@ -83,11 +87,18 @@ fn ppl(ctk: &str, ctv: &str, rpc: Option<&str>, env: &[(&str, &str)]) -> (f64, S
             "no {ctk} cache:\n{out}"
         );
     }
+    out
+}
+
+/// PPL over 4 chunks of 128 tokens, locally or (`rpc`) with everything on the RPC device.
+/// Returns the PPL and the run's log.
+fn ppl(ctk: &str, ctv: &str, rpc: Option<&str>, env: &[(&str, &str)]) -> (f64, String) {
+    let args = ["-c", "128", "--chunks", "4", "-b", "128", "-t", "1"];
+    let out = perplexity(&args, ctk, ctv, rpc, env);
     let p = number_after(&out, "Final estimate: PPL = ")
         .unwrap_or_else(|| panic!("no final estimate in:\n{out}"));
     (p, out)
 }
-
 /// What the turbo K path of a run's log says: the mean in RoPE's frame and the exact first
 /// keys both on (the turbo K terms of flash attention, ggml-ext/ggml/tq-fa-contract.h).
 fn assert_full_turbo_k_path(out: &str, what: &str) {
@@ -134,28 +145,19 @@ fn perplexity_through_rpc_server_is_bit_identical() {
 
 /// Mean KLD against `base` (f16 logits) at ctx 4096, one chunk, locally or through RPC.
 fn kld_4096(ctk: &str, ctv: &str, base: &std::path::Path, rpc: Option<&str>) -> (f64, String) {
-    let mut cmd = perplexity_cmd(&corpus());
-    cmd.args([
-        "-c", "4096", "--chunks", "1", "-t", "2", "-fa", "on", "-lv", "4",
-    ])
-    .args([
-        "-ctk",
-        ctk,
-        "-ctv",
-        ctv,
+    let base = base.to_str().expect("a UTF-8 path");
+    let args = [
+        "-c",
+        "4096",
+        "--chunks",
+        "1",
+        "-t",
+        "2",
         "--kl-divergence",
         "--kl-divergence-base",
-    ])
-    .arg(base);
-    if let Some(ep) = rpc {
-        cmd.args(["--rpc", ep, "-ngl", "99"]);
-    }
-    let o = run(&mut cmd);
-    let out = text(&o);
-    assert!(
-        o.status.success(),
-        "llama-perplexity {ctk}/{ctv} rpc {rpc:?} failed:\n{out}"
-    );
+        base,
+    ];
+    let out = perplexity(&args, ctk, ctv, rpc, &[]);
     let k = number_after(&out, "Mean    KLD: ").unwrap_or_else(|| panic!("no KLD in:\n{out}"));
     (k, out)
 }

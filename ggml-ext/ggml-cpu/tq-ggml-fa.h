@@ -544,8 +544,7 @@ static inline void tq_ggml_fa_store(struct ggml_tensor *dst, const struct ggml_t
    that compute a graph directly. */
 static inline void tq_ggml_fa_check_k_terms(const struct ggml_tensor *dst) {
     if (!tq_fa_has_k_terms(dst)) return;
-    if (!tq_fa_k_terms_valid(dst) || !TQ_GGML_IS_TURBO(dst->src[1]->type) || !TQ_GGML_IS_TURBO(dst->src[2]->type) ||
-        dst->src[0]->type != GGML_TYPE_F32) {
+    if (!tq_fa_k_terms_cpu_runs(dst)) {
         GGML_ABORT("%s: flash attention with turbo K terms over K %s, V %s, Q %s: the CPU runs them only over turbo K and V "
                    "with f32 Q and the layout of tq-fa-contract.h", dst->name, ggml_type_name(dst->src[1]->type),
                    ggml_type_name(dst->src[2]->type), ggml_type_name(dst->src[0]->type));

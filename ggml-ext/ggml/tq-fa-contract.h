@@ -137,12 +137,17 @@ static inline void tq_flash_attn_ext_set_k_terms(struct ggml_tensor *fa, struct 
    - RPC: the remote server runs its own backend's answer (it refuses a graph whose flash
      attention its backend cannot run: ggml-rpc.cpp's graph_compute).
    Every other backend (CUDA, Vulkan, Metal, ...) refuses until it implements them. */
+/* What the CPU runs the terms over: its turbo tiles, i.e. turbo K and V, f32 Q, this layout. */
+static inline int tq_fa_k_terms_cpu_runs(const struct ggml_tensor *op) {
+    return TQ_GGML_IS_TURBO(op->src[1]->type) && TQ_GGML_IS_TURBO(op->src[2]->type) && op->src[0]->type == GGML_TYPE_F32 &&
+           tq_fa_k_terms_valid(op);
+}
+
 static inline int tq_fa_k_terms_supported(ggml_backend_dev_t dev, const struct ggml_tensor *op) {
     ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : NULL;
     const char *name = reg ? ggml_backend_reg_name(reg) : "";
     if (strcmp(name, "CPU") == 0) {
-        return TQ_GGML_IS_TURBO(op->src[1]->type) && TQ_GGML_IS_TURBO(op->src[2]->type) &&
-               op->src[0]->type == GGML_TYPE_F32 && tq_fa_k_terms_valid(op);
+        return tq_fa_k_terms_cpu_runs(op);
     }
     if (strcmp(name, "RPC") == 0) {
         return tq_fa_k_terms_valid(op);
