@@ -86,7 +86,7 @@ fn cuda_args() -> Vec<String> {
 /// one shader per optional GLSL extension (cooperative matrix 1/2, integer dot, bf16, fp8/fp4)
 /// and turns each off when glslc says "extension not supported", as Debian 12's glslc 2023.2
 /// does for all of them: only the scalar shader paths are built, which every device runs.
-/// Our ops are refused by the Vulkan device (ggml-ext/ggml-vulkan/tq-vulkan.h).
+/// What the Vulkan device runs of ours, and refuses: ggml-ext/ggml-vulkan/tq-vulkan.h.
 fn vulkan_args() -> Result<Vec<String>, String> {
     super::vendor::require_tool(
         "glslc",

@@ -6,7 +6,9 @@
 //! glslc: in a fresh build directory the generation takes about two minutes on 2 cores even
 //! with a warm ccache (docs/VULKAN.md). So, like the web UI (build/ui.rs), the generated files
 //! are kept in `<cache>/vulkan-shaders/<key>.tar.gz`, where the key hashes every file of
-//! `ggml/src/ggml-vulkan/vulkan-shaders` (the .comp/.glsl sources and the generator) and
+//! `ggml/src/ggml-vulkan/vulkan-shaders` (the .comp/.glsl sources and the generator), of our
+//! shaders and the generated tables they include (`ggml-ext/ggml-vulkan/shaders`,
+//! `ggml-ext/abi`: upstream's flash attention shaders include our turbo decode) and
 //! `glslc --version` (which decides the optional GLSL extensions, and so the variants).
 //!
 //! `restore` runs after cmake's configure step: a build directory without the generated files
@@ -25,10 +27,16 @@ use std::process::Command;
 /// Cached keys kept (one per shader-source version and glslc; older ones are removed).
 const KEEP: usize = 3;
 /// Bumped when what is cached, or how, changes.
-const FORMAT: &str = "turboquant vulkan-shaders cache v1";
+const FORMAT: &str = "turboquant vulkan-shaders cache v2";
 /// Placeholders for the two trees' paths in the cached dependency files.
 const SRC_MARK: &str = "@TQ_VULKAN_SHADERS_SRC@";
 const OUT_MARK: &str = "@TQ_VULKAN_SHADERS_OUT@";
+const EXT_MARK: &str = "@TQ_GGML_EXT@";
+
+/// Our `ggml-ext` folder, whose shaders and tables upstream's shaders include.
+fn ext_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("ggml-ext")
+}
 
 fn enabled() -> bool {
     println!("cargo:rerun-if-env-changed=TQ_VULKAN_SHADER_CACHE");
@@ -56,25 +64,28 @@ fn files_under(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
     Ok(())
 }
 
-/// The cache key: the shader sources, the generator and glslc's version.
+/// The cache key: the shader sources (upstream's and ours), the generator and glslc's version.
 fn key(vk_src: &Path) -> Result<String, String> {
-    let shaders = vk_src.join("vulkan-shaders");
-    let mut files = Vec::new();
-    files_under(&shaders, &mut files)?;
-    files.sort();
+    let ext = ext_dir();
     let mut h = Sha256::new();
     h.update(FORMAT.as_bytes());
-    for f in &files {
-        let rel = f
-            .strip_prefix(&shaders)
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        let body = fs::read(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
-        h.update(rel.as_bytes());
-        h.update([0]);
-        h.update((body.len() as u64).to_le_bytes());
-        h.update(&body);
+    for (label, dir) in [
+        ("upstream", vk_src.join("vulkan-shaders")),
+        ("ext-shaders", ext.join("ggml-vulkan/shaders")),
+        ("ext-abi", ext.join("abi")),
+    ] {
+        let mut files = Vec::new();
+        files_under(&dir, &mut files)?;
+        files.sort();
+        for f in &files {
+            let rel = f.strip_prefix(&dir).unwrap().to_string_lossy().into_owned();
+            let body = fs::read(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+            h.update(label.as_bytes());
+            h.update(rel.as_bytes());
+            h.update([0]);
+            h.update((body.len() as u64).to_le_bytes());
+            h.update(&body);
+        }
     }
     let glslc = Command::new("glslc")
         .arg("--version")
@@ -117,18 +128,21 @@ fn sh(cmd: &mut Command, what: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Rewrites every dependency file in `dir` from one pair of tree paths to the other.
+/// Rewrites every dependency file in `dir` from one set of tree paths to the other.
 fn rewrite_deps(
     dir: &Path,
     names: &[String],
-    from: [&str; 2],
-    to: [&str; 2],
+    from: [&str; 3],
+    to: [&str; 3],
 ) -> Result<(), String> {
     for n in names.iter().filter(|n| n.ends_with(".d")) {
         let p = dir.join(n);
         let text =
             fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-        let text = text.replace(from[0], to[0]).replace(from[1], to[1]);
+        let text = text
+            .replace(from[0], to[0])
+            .replace(from[1], to[1])
+            .replace(from[2], to[2]);
         fs::write(&p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
     Ok(())
@@ -167,8 +181,12 @@ pub fn restore(src: &Path, build_dir: &Path) -> Result<(), String> {
     rewrite_deps(
         &vk_out,
         &names,
-        [SRC_MARK, OUT_MARK],
-        [&vk_src.to_string_lossy(), &vk_out.to_string_lossy()],
+        [SRC_MARK, OUT_MARK, EXT_MARK],
+        [
+            &vk_src.to_string_lossy(),
+            &vk_out.to_string_lossy(),
+            &ext_dir().to_string_lossy(),
+        ],
     )?;
     println!(
         "cargo:warning=turboquant: ggml-vulkan's generated shaders restored from {} in {:.1} s \
@@ -207,8 +225,12 @@ pub fn store(src: &Path, build_dir: &Path) -> Result<(), String> {
         rewrite_deps(
             &stage,
             &names,
-            [&vk_src.to_string_lossy(), &vk_out.to_string_lossy()],
-            [SRC_MARK, OUT_MARK],
+            [
+                &vk_src.to_string_lossy(),
+                &vk_out.to_string_lossy(),
+                &ext_dir().to_string_lossy(),
+            ],
+            [SRC_MARK, OUT_MARK, EXT_MARK],
         )?;
         let tmp = dir.join(format!(".{key}.tar.gz.{}", std::process::id()));
         let mut tar = Command::new("tar");

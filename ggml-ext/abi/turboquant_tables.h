@@ -4,7 +4,8 @@
  * Index k of a block decodes to d * TQ_CODEBOOK_<b>BIT[k]; the encoder picks
  * k = #{ t in TQ_THRESHOLDS_<b>BIT : u > t * f } (u = x / ||x||, compared in double)
  * for the gain f of the TQ_GAIN_* search that fits the block best (crates/codec/src/gain.rs).
- * Define TQ_TABLE_ATTR (e.g. __device__) before including to place the tables.
+ * Define TQ_TABLE_ATTR (e.g. __device__) before including to place the tables;
+ * GLSL defines TQ_TABLE_STATIC empty and reads TQ_GAIN_STEP_LF, its double literal.
  */
 #ifndef TURBOQUANT_TABLES_H
 #define TURBOQUANT_TABLES_H
@@ -12,23 +13,27 @@
 #ifndef TQ_TABLE_ATTR
 #define TQ_TABLE_ATTR
 #endif
+#ifndef TQ_TABLE_STATIC
+#define TQ_TABLE_STATIC static
+#endif
 
 /* The encoder's gain search: f = g * TQ_GAIN_STEP; plain first, then the coarse round,
  * then best -/+ each refinement step; a candidate wins only on a strictly larger score. */
 #define TQ_GAIN_STEP 0.025
+#define TQ_GAIN_STEP_LF 0.025lf
 #define TQ_GAIN_PLAIN 40
 #define TQ_GAIN_N_COARSE 4
 #define TQ_GAIN_COARSE { 32, 36, 44, 48 }
 #define TQ_GAIN_N_REFINE 2
 #define TQ_GAIN_REFINE { 2, 1 }
 
-TQ_TABLE_ATTR static const float TQ_CODEBOOK_2BIT[4] = { -0.18749686f, -0.05651487f, 0.05651487f, 0.18749686f };
-TQ_TABLE_ATTR static const float TQ_THRESHOLDS_2BIT[3] = { -0.12200586f, 0.0f, 0.12200586f };
+TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_CODEBOOK_2BIT[4] = { -0.18749686f, -0.05651487f, 0.05651487f, 0.18749686f };
+TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_THRESHOLDS_2BIT[3] = { -0.12200586f, 0.0f, 0.12200586f };
 
-TQ_TABLE_ATTR static const float TQ_CODEBOOK_3BIT[8] = { -0.26391393f, -0.16616786f, -0.09383226f, -0.03046918f, 0.03046918f, 0.09383226f, 0.16616786f, 0.26391393f };
-TQ_TABLE_ATTR static const float TQ_THRESHOLDS_3BIT[7] = { -0.21504089f, -0.13000005f, -0.06215072f, 0.0f, 0.06215072f, 0.13000005f, 0.21504089f };
+TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_CODEBOOK_3BIT[8] = { -0.26391393f, -0.16616786f, -0.09383226f, -0.03046918f, 0.03046918f, 0.09383226f, 0.16616786f, 0.26391393f };
+TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_THRESHOLDS_3BIT[7] = { -0.21504089f, -0.13000005f, -0.06215072f, 0.0f, 0.06215072f, 0.13000005f, 0.21504089f };
 
-TQ_TABLE_ATTR static const float TQ_CODEBOOK_4BIT[16] = { -0.3307963f, -0.2529137f, -0.19885615f, -0.15492553f, -0.11648675f, -0.08131177f, -0.048089784f, -0.015919022f, 0.015919022f, 0.048089784f, 0.08131177f, 0.11648675f, 0.15492553f, 0.19885615f, 0.2529137f, 0.3307963f };
-TQ_TABLE_ATTR static const float TQ_THRESHOLDS_4BIT[15] = { -0.291855f, -0.22588493f, -0.17689084f, -0.13570614f, -0.09889926f, -0.064700775f, -0.0320044f, 0.0f, 0.0320044f, 0.064700775f, 0.09889926f, 0.13570614f, 0.17689084f, 0.22588493f, 0.291855f };
+TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_CODEBOOK_4BIT[16] = { -0.3307963f, -0.2529137f, -0.19885615f, -0.15492553f, -0.11648675f, -0.08131177f, -0.048089784f, -0.015919022f, 0.015919022f, 0.048089784f, 0.08131177f, 0.11648675f, 0.15492553f, 0.19885615f, 0.2529137f, 0.3307963f };
+TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_THRESHOLDS_4BIT[15] = { -0.291855f, -0.22588493f, -0.17689084f, -0.13570614f, -0.09889926f, -0.064700775f, -0.0320044f, 0.0f, 0.0320044f, 0.064700775f, 0.09889926f, 0.13570614f, 0.17689084f, 0.22588493f, 0.291855f };
 
 #endif /* TURBOQUANT_TABLES_H */

@@ -15,30 +15,35 @@
 #define TQ_TURBO2_BITS 2
 #define TQ_TURBO2_QS_BYTES 16
 #define TQ_TURBO2_BLOCK_BYTES 18
+#define TQ_TURBO2_GGML_TYPE 96
 #define TQ_TURBO2_TRELLIS 0
 
 /* turbo3: 3.25 bits per value */
 #define TQ_TURBO3_BITS 3
 #define TQ_TURBO3_QS_BYTES 24
 #define TQ_TURBO3_BLOCK_BYTES 26
+#define TQ_TURBO3_GGML_TYPE 97
 #define TQ_TURBO3_TRELLIS 0
 
 /* turbo4: 4.25 bits per value */
 #define TQ_TURBO4_BITS 4
 #define TQ_TURBO4_QS_BYTES 32
 #define TQ_TURBO4_BLOCK_BYTES 34
+#define TQ_TURBO4_GGML_TYPE 98
 #define TQ_TURBO4_TRELLIS 0
 
 /* turbo3_tcq: 3.25 bits per value */
 #define TQ_TURBO3_TCQ_BITS 3
 #define TQ_TURBO3_TCQ_QS_BYTES 24
 #define TQ_TURBO3_TCQ_BLOCK_BYTES 26
+#define TQ_TURBO3_TCQ_GGML_TYPE 99
 #define TQ_TURBO3_TCQ_TRELLIS 1
 
 /* turbo2_tcq: 2.25 bits per value */
 #define TQ_TURBO2_TCQ_BITS 2
 #define TQ_TURBO2_TCQ_QS_BYTES 16
 #define TQ_TURBO2_TCQ_BLOCK_BYTES 18
+#define TQ_TURBO2_TCQ_GGML_TYPE 100
 #define TQ_TURBO2_TCQ_TRELLIS 1
 
 /* X(name, STEM, bits, block_bytes, trellis) for every type, in table order. */

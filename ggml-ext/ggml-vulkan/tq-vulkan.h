@@ -1,32 +1,143 @@
 /*
- * tq-vulkan.h - the turbo types and ggml's Vulkan backend (ggml-vulkan).
+ * tq-vulkan.h - the turbo types in ggml's Vulkan backend (ggml-vulkan).
  *
- * There are no turbo shaders yet, so the Vulkan device refuses every op that reads or writes
- * a turbo type: its destination, any source, and so flash attention whose K or V is turbo,
- * SET_ROWS into a turbo cache, GET_ROWS/CPY/MUL_MAT from one, and the views of such a cache.
- * ggml's scheduler then runs those ops on a backend that has them (the CPU), and llama's KV
- * cache keeps turbo layers in host memory when the layer's device refuses them
- * (tq_kv_keep_host, ggml-ext/llama/tq-llama-kv-cache.inc). Nothing else is ever computed in their place.
+ * What the Vulkan device runs, and what it refuses (ggml's scheduler then runs a refused op on
+ * a backend that has it, and llama's KV cache keeps a layer in host memory when its device
+ * refuses SET_ROWS into the cache type: tq_kv_keep_host, ggml-ext/llama/tq-llama-kv-cache.cpp):
  *
- * One upstream line calls this, at the top of ggml_backend_vk_device_supports_op (patch
- * 0106-ggml-vulkan.patch).
+ *   turbo2/3/4   SET_ROWS and CPY from f32 (the encoder, shaders/tq_encode.comp: the bytes of
+ *                crates/codec's; it computes in f64, so a device without shaderFloat64 refuses),
+ *                GET_ROWS to f32/f16 and CPY to f32 (shaders/tq_decode.comp), FLASH_ATTN_EXT with
+ *                turbo K and/or V decoded in upstream's scalar and coopmat1 shaders
+ *                (shaders/tq_fa_dequant.glsl), and the views of such a cache.
+ *   refused      MUL_MAT with a turbo operand (flash attention off), the trellis types
+ *                (turbo3_tcq, turbo2_tcq) for every op, and flash attention that carries the turbo
+ *                K terms (tq-fa-contract.h: the exact first key and the mean in RoPE's frame are not
+ *                in these shaders yet; ggml_backend_dev_supports_op refuses that op first, and the
+ *                K cache then keeps the fitted mean, logged per layer).
+ *
+ * Our encode/decode pipelines take the slots of upstream's per-type pipeline tables
+ * (pipeline_set_rows_*, pipeline_cpy_*, pipeline_get_rows*) with upstream's bindings, push
+ * constants and dispatch shape, so ggml-vulkan's op code runs them like its own.
+ *
+ * Patch 0106-ggml-vulkan.patch calls, one line each: tq_vk_supports_op at the top of
+ * ggml_backend_vk_device_supports_op, tq_vk_load_shaders at the end of ggml_vk_load_shaders,
+ * TQ_VK_TYPE_CASES in supports_op's list of flash attention K/V types and in the two CPY
+ * pipeline switches of ggml_vk_get_cpy_pipeline, and tq_vk_fa_path where get_fa_tuning_params
+ * picks the shader family.
  */
 #ifndef TQ_VULKAN_H
 #define TQ_VULKAN_H
 
 #include "tq-ggml.h"
+#include "tq-fa-contract.h"
+#include "tq-vulkan-shaders.h"
 
-/* True when `op` involves a turbo type, which the Vulkan device must not accept. */
-static inline bool tq_vulkan_refuses_op(const struct ggml_tensor * op) {
-    if (TQ_GGML_IS_TURBO(op->type)) {
-        return true;
+/* The shaders read the ggml type ids from turboquant_types.h (they cannot include ggml.h). */
+#define TQ_VK_ASSERT_ID(name, STEM, bits, bytes, trellis) \
+    static_assert((int) GGML_TYPE_##STEM == TQ_##STEM##_GGML_TYPE, "turboquant_types.h's ggml id of " #name " differs from ggml.h");
+TQ_FOR_EACH_TYPE(TQ_VK_ASSERT_ID)
+#undef TQ_VK_ASSERT_ID
+
+/* The types with Vulkan shaders (the trellis types have none). */
+static inline bool tq_vk_has_shaders(ggml_type t) {
+    return t == GGML_TYPE_TURBO2 || t == GGML_TYPE_TURBO3 || t == GGML_TYPE_TURBO4;
+}
+
+/* The encoder computes in f64. ggml-vulkan enables every feature the device reports. */
+static inline bool tq_vk_has_f64(const vk_device & device) {
+    return device->physical_device.getFeatures().shaderFloat64 == VK_TRUE;
+}
+
+/* -1: no turbo type in `op`, upstream decides. 0/1: refused/accepted here, or (flash attention)
+ * 1 only after upstream's own checks, which TQ_VK_TYPE_CASES lets through for turbo K/V. */
+static int tq_vk_supports_op(const vk_device & device, const struct ggml_tensor * op) {
+    bool turbo = TQ_GGML_IS_TURBO(op->type);
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        turbo = turbo || (op->src[i] && TQ_GGML_IS_TURBO(op->src[i]->type));
+    }
+    if (!turbo) {
+        return -1;
     }
     for (int i = 0; i < GGML_MAX_SRC; ++i) {
-        if (op->src[i] && TQ_GGML_IS_TURBO(op->src[i]->type)) {
-            return true;
+        if ((op->src[i] && TQ_GGML_IS_TURBO(op->src[i]->type) && !tq_vk_has_shaders(op->src[i]->type)) ||
+            (TQ_GGML_IS_TURBO(op->type) && !tq_vk_has_shaders(op->type))) {
+            return 0; /* a trellis type */
         }
     }
-    return false;
+    const struct ggml_tensor * s0 = op->src[0];
+    const struct ggml_tensor * s1 = op->src[1];
+    switch (op->op) {
+        case GGML_OP_NONE:
+        case GGML_OP_VIEW:
+        case GGML_OP_RESHAPE:
+        case GGML_OP_PERMUTE:
+        case GGML_OP_TRANSPOSE:
+            return 1;
+        case GGML_OP_SET_ROWS:
+            return s0->type == GGML_TYPE_F32 && (s1->type == GGML_TYPE_I32 || s1->type == GGML_TYPE_I64) &&
+                   tq_vk_has_f64(device);
+        case GGML_OP_CPY:
+        case GGML_OP_DUP:
+        case GGML_OP_CONT:
+            if (s0->type == GGML_TYPE_F32 && tq_vk_has_shaders(op->type)) {
+                return ggml_is_contiguous(op) && tq_vk_has_f64(device);
+            }
+            return tq_vk_has_shaders(s0->type) && op->type == GGML_TYPE_F32 && ggml_is_contiguous(s0);
+        case GGML_OP_GET_ROWS:
+            return tq_vk_has_shaders(s0->type) && s1->type == GGML_TYPE_I32 &&
+                   (op->type == GGML_TYPE_F32 || op->type == GGML_TYPE_F16);
+        case GGML_OP_FLASH_ATTN_EXT:
+            /* the turbo K terms are not in the shaders: refused (ggml_backend_dev_supports_op
+             * refuses them before this, tq-fa-contract.h; this keeps the Vulkan device honest) */
+            return tq_fa_has_k_terms(op) ? 0 : -1;
+        default:
+            return 0; /* MUL_MAT and the rest: no turbo shader */
+    }
+}
+
+/* The types with shaders, as cases of upstream's type lists: flash attention's K/V types
+ * (decoded by tq_fa_dequant.glsl) and the CPY pipelines' source and destination types. */
+#define TQ_VK_TYPE_CASES \
+    case GGML_TYPE_TURBO2: \
+    case GGML_TYPE_TURBO3: \
+    case GGML_TYPE_TURBO4:
+
+/* coopmat2's flash attention decodes through its own buffer_reference path, which has no turbo
+ * types: turbo K/V take coopmat1 (which includes tq_fa_dequant.glsl, like the scalar shader). */
+static inline FaCodePath tq_vk_fa_path(FaCodePath path, ggml_type k_type, ggml_type v_type) {
+    if (path == FA_COOPMAT2 && (tq_vk_has_shaders(k_type) || tq_vk_has_shaders(v_type))) {
+        return FA_COOPMAT1;
+    }
+    return path;
+}
+
+/* Registers our pipelines in upstream's per-type tables; `create` is ggml_vk_load_shaders'
+ * ggml_vk_create_pipeline. Encoders only where the device has f64. */
+template <typename Create>
+static void tq_vk_load_shaders(vk_device & device, const Create & create) {
+#define TQ_VK_SPV(name) tq_vk_##name##_len, tq_vk_##name##_data
+#define TQ_VK_TYPE(t, T)                                                                                        \
+    if (tq_vk_has_f64(device)) {                                                                               \
+        create(device, device->pipeline_set_rows_i32[0][GGML_TYPE_##T], "tq_set_rows_f32_" #t "_i32",           \
+               TQ_VK_SPV(set_rows_f32_##t##_i32), "main", 3, sizeof(vk_op_binary_push_constants), {1, 1, 1}, {1}, 1, true); \
+        create(device, device->pipeline_set_rows_i64[0][GGML_TYPE_##T], "tq_set_rows_f32_" #t "_i64",           \
+               TQ_VK_SPV(set_rows_f32_##t##_i64), "main", 3, sizeof(vk_op_binary_push_constants), {1, 1, 1}, {1}, 1, true); \
+        create(device, device->pipeline_cpy_f32_quant[GGML_TYPE_##T], "tq_cpy_f32_" #t,                        \
+               TQ_VK_SPV(cpy_f32_##t), "main", 2, sizeof(vk_op_unary_push_constants), {32, 1, 1}, {}, 1);       \
+    }                                                                                                          \
+    create(device, device->pipeline_cpy_quant_f32[GGML_TYPE_##T], "tq_cpy_" #t "_f32",                         \
+           TQ_VK_SPV(cpy_##t##_f32), "main", 2, sizeof(vk_op_unary_push_constants),                           \
+           {(uint32_t) TQ_BLOCK_VALUES, 1, 1}, {}, 1);                                                         \
+    create(device, device->pipeline_get_rows[GGML_TYPE_##T], "tq_get_rows_" #t,                                \
+           TQ_VK_SPV(get_rows_##t), "main", 3, sizeof(vk_op_binary_push_constants), {512, 1, 1}, {}, 1);        \
+    create(device, device->pipeline_get_rows_f32[GGML_TYPE_##T], "tq_get_rows_" #t "_f32",                     \
+           TQ_VK_SPV(get_rows_##t##_f32), "main", 3, sizeof(vk_op_binary_push_constants), {512, 1, 1}, {}, 1);
+    TQ_VK_TYPE(turbo2, TURBO2)
+    TQ_VK_TYPE(turbo3, TURBO3)
+    TQ_VK_TYPE(turbo4, TURBO4)
+#undef TQ_VK_TYPE
+#undef TQ_VK_SPV
 }
 
 #endif /* TQ_VULKAN_H */

@@ -28,6 +28,9 @@ pub struct TypeTraits {
     pub family: Family,
     /// Payload bits per value (scale excluded).
     pub bits: u32,
+    /// Its `enum ggml_type` value in the patched ggml.h (0101-ggml-core.patch); the Vulkan
+    /// shaders, which cannot include ggml.h, read it from turboquant_types.h.
+    pub ggml_type: u32,
 }
 
 impl TypeTraits {
@@ -50,30 +53,35 @@ pub const TURBO2: TypeTraits = TypeTraits {
     c_stem: "TURBO2",
     family: Family::Scalar,
     bits: 2,
+    ggml_type: 96,
 };
 pub const TURBO3: TypeTraits = TypeTraits {
     name: "turbo3",
     c_stem: "TURBO3",
     family: Family::Scalar,
     bits: 3,
+    ggml_type: 97,
 };
 pub const TURBO4: TypeTraits = TypeTraits {
     name: "turbo4",
     c_stem: "TURBO4",
     family: Family::Scalar,
     bits: 4,
+    ggml_type: 98,
 };
 pub const TURBO3_TCQ: TypeTraits = TypeTraits {
     name: "turbo3_tcq",
     c_stem: "TURBO3_TCQ",
     family: Family::Trellis,
     bits: 3,
+    ggml_type: 99,
 };
 pub const TURBO2_TCQ: TypeTraits = TypeTraits {
     name: "turbo2_tcq",
     c_stem: "TURBO2_TCQ",
     family: Family::Trellis,
     bits: 2,
+    ggml_type: 100,
 };
 
 /// Every type, in the order of the generated C list.

@@ -57,10 +57,12 @@ pub fn render_c_tables() -> String {
          * for the gain f of the TQ_GAIN_* search that fits the block best (crates/codec/src/gain.rs).\n",
     );
     s.push_str(
-        " * Define TQ_TABLE_ATTR (e.g. __device__) before including to place the tables.\n */\n",
+        " * Define TQ_TABLE_ATTR (e.g. __device__) before including to place the tables;\n \
+         * GLSL defines TQ_TABLE_STATIC empty and reads TQ_GAIN_STEP_LF, its double literal.\n */\n",
     );
     s.push_str("#ifndef TURBOQUANT_TABLES_H\n#define TURBOQUANT_TABLES_H\n\n");
-    s.push_str("#ifndef TQ_TABLE_ATTR\n#define TQ_TABLE_ATTR\n#endif\n\n");
+    s.push_str("#ifndef TQ_TABLE_ATTR\n#define TQ_TABLE_ATTR\n#endif\n");
+    s.push_str("#ifndef TQ_TABLE_STATIC\n#define TQ_TABLE_STATIC static\n#endif\n\n");
     s.push_str(&gain_macros());
     for cb in codec_codebooks() {
         let (c, t) = f32_tables(&cb);
@@ -72,12 +74,12 @@ pub fn render_c_tables() -> String {
                 .join(", ")
         };
         s.push_str(&format!(
-            "TQ_TABLE_ATTR static const float TQ_CODEBOOK_{b}BIT[{}] = {{ {} }};\n",
+            "TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_CODEBOOK_{b}BIT[{}] = {{ {} }};\n",
             c.len(),
             list(&c)
         ));
         s.push_str(&format!(
-            "TQ_TABLE_ATTR static const float TQ_THRESHOLDS_{b}BIT[{}] = {{ {} }};\n\n",
+            "TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_THRESHOLDS_{b}BIT[{}] = {{ {} }};\n\n",
             t.len(),
             list(&t)
         ));
@@ -99,6 +101,7 @@ fn gain_macros() -> String {
         "/* The encoder's gain search: f = g * TQ_GAIN_STEP; plain first, then the coarse round,\n \
          * then best -/+ each refinement step; a candidate wins only on a strictly larger score. */\n\
          #define TQ_GAIN_STEP {GAIN_STEP:?}\n\
+         #define TQ_GAIN_STEP_LF {GAIN_STEP:?}lf\n\
          #define TQ_GAIN_PLAIN {GAIN_PLAIN}\n\
          #define TQ_GAIN_N_COARSE {}\n\
          #define TQ_GAIN_COARSE {{ {} }}\n\

@@ -24,6 +24,7 @@ pub fn render() -> String {
         s.push_str(&format!("#define TQ_{c}_BITS {}\n", t.bits));
         s.push_str(&format!("#define TQ_{c}_QS_BYTES {}\n", t.payload_bytes()));
         s.push_str(&format!("#define TQ_{c}_BLOCK_BYTES {}\n", t.block_bytes()));
+        s.push_str(&format!("#define TQ_{c}_GGML_TYPE {}\n", t.ggml_type));
         s.push_str(&format!(
             "#define TQ_{c}_TRELLIS {}\n\n",
             (t.family == Family::Trellis) as u8
