@@ -6,7 +6,7 @@
  * key's quantization error moves that one logit, and through the softmax every other
  * weight with it; on real SmolLM2 keys, storing that single key without error takes about
  * a third of the attention error of turbo2 and turbo3 at 8192 tokens (docs/JOURNAL.md,
- * scripts/kmean_long_sim.py's /sink1), more keys add next to nothing.
+ * `tq kmean-sim`'s /sink1), more keys add next to nothing.
  *
  * What is kept: per layer, slot rows of the K the cache is given (after the K mean and
  * balancing, rotated: what the cache quantizes), f32 [n_embd_k_gqa, n_seq_max + 1], and the

@@ -1,5 +1,5 @@
-//! The lab behind `tq capture / rotation-stats / kv-norms / distortion / niah /
-//! recommend`: the capture file format, the cache codecs as llama.cpp applies them
+//! The lab behind `tq capture / rotation-stats / kv-norms / distortion / niah / recommend /
+//! kmean-sim`: the capture file format, the cache codecs as llama.cpp applies them
 //! (rotation included), the K mean as llama.cpp keeps it (the Rust oracle of
 //! ggml-ext/llama/tq-kmean*.h), metrics, and each command's computation. Pure Rust on `f32`
 //! slices; the capture itself (llama.cpp's eval callback) and all printing live in `tq`.
@@ -17,6 +17,7 @@
 //! | [`kmean_mode`] | which K mean a capture gets, one layer's mean |
 //! | [`attention`] | softmax, argmax, weighted sums |
 //! | [`needle`] | the needle proxy (`tq niah`) |
+//! | [`kmean_sim`] | which K statistics hold at long context, by simulation (`tq kmean-sim`) |
 //! | [`rotation_stats`], [`norms`], [`distortion`], [`recommend`] | those commands' computations |
 //! | [`parallel`] | work over the cores, results in order |
 //!
@@ -29,6 +30,7 @@ pub mod distortion;
 pub mod kmean;
 pub mod kmean_mode;
 pub mod kmean_rope;
+pub mod kmean_sim;
 pub mod metrics;
 pub mod needle;
 pub mod norms;

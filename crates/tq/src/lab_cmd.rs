@@ -1,5 +1,5 @@
 //! The lab subcommands on a capture file (`tq capture`): rotation-stats, kv-norms,
-//! distortion, niah, recommend. Argument parsing and printing only: each prints a
+//! distortion, niah, recommend, kmean-sim. Argument parsing and printing only: each prints a
 //! table, or JSON with `--json`, and draws a PNG with `--plot`; every computation is in
 //! `turboquant_lab`'s modules.
 
@@ -680,6 +680,132 @@ pub fn recommend(o: RecommendOpts) -> Result<(), String> {
             true,
             &series,
             &[(format!("target cos {}", o.target), 1.0 - o.target)],
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// kmean-sim
+
+/// The simulation of `turboquant_lab::kmean_sim` (its module documentation defines every
+/// variant): per layer and KV head, keys stored as s ⊙ k - m plus isotropic Gaussian noise
+/// of relative energy --distortion, queries q ⊘ s; the score is the mean KL divergence
+/// between exact and noisy causal attention rows of every --stride-th query of the second
+/// half.
+///
+/// Variants: base[+bal|+ubal|+bal-all][/sinkN]; base none, plain (first-ubatch mean),
+/// fitted (tq-kmean.h), oracle (mean of all keys), rope-frame (tq-kmean-rope.h),
+/// rope-frame:R (only the R pairs it helps most); +bal llama.cpp's K/Q balancing from the
+/// first ubatch, +ubal the same with every key weighted alike, +bal-all from all tokens;
+/// /sinkN the first N keys stored exactly (tq-sink.h: N = 1).
+#[derive(Args, Clone)]
+pub struct KmeanSimOpts {
+    #[command(flatten)]
+    pub out: Out,
+    /// use the first N tokens (0: all)
+    #[arg(long, default_value_t = 0)]
+    pub tokens: usize,
+    /// the codec's relative error energy D (turbo4 0.0081, turbo3 0.0307, turbo2 0.111)
+    #[arg(long, default_value_t = 0.0307)]
+    pub distortion: f64,
+    /// tokens of the first ubatch
+    #[arg(long, default_value_t = 512)]
+    pub first: usize,
+    /// score every N-th query position of the second half
+    #[arg(long, default_value_t = 128)]
+    pub stride: usize,
+    /// comma-separated layers (default: all)
+    #[arg(long, value_delimiter = ',')]
+    pub layers: Vec<usize>,
+    /// the noise draw
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// comma-separated variants, each base[+bal|+ubal|+bal-all][/sinkN]; base none, plain,
+    /// fitted, oracle, rope-frame or rope-frame:R (docs/LAB.md, "kmean-sim")
+    #[arg(long, default_value = lab::kmean_sim::DEFAULT_VARIANTS)]
+    pub variants: String,
+}
+
+pub fn kmean_sim(o: KmeanSimOpts) -> Result<(), String> {
+    use lab::kmean_sim::{mean_kl, simulate, SimParams, Variant};
+    let variants = Variant::parse_list(&o.variants)?;
+    let c = load(&o.out)?;
+    let p = SimParams {
+        tokens: o.tokens,
+        distortion: o.distortion,
+        first: o.first,
+        stride: o.stride,
+        layers: o.layers.clone(),
+        seed: o.seed,
+        variants,
+    };
+    let n_layers = if p.layers.is_empty() {
+        c.header.n_layer
+    } else {
+        p.layers.len()
+    };
+    let pb = progress(n_layers as u64, "layers");
+    let rows = simulate(&c, &p, &|| pb.inc(1))?;
+    pb.finish_and_clear();
+    let names: Vec<&str> = p.variants.iter().map(|v| v.name.as_str()).collect();
+    let mean = mean_kl(&rows, names.len());
+    let fitted = names.iter().position(|&n| n == "fitted").map(|i| mean[i]);
+    let t = if p.tokens > 0 {
+        p.tokens.min(c.header.n_tokens)
+    } else {
+        c.header.n_tokens
+    };
+    let json = serde_json::json!({
+        "capture": o.out.capture, "model": c.header.model, "tokens": t,
+        "first_ubatch": p.first.min(t), "distortion": p.distortion, "stride": p.stride,
+        "seed": p.seed, "variants": names,
+        "definition": "per layer and KV head: keys stored as s*k - m plus isotropic Gaussian noise of relative energy D, queries q/s; kl = mean KL(exact || noisy) of causal attention rows of every stride-th query of the second half, mean over KV heads (turboquant_lab::kmean_sim)",
+        "mean_kl": names.iter().zip(&mean).map(|(n, k)| (n.to_string(), serde_json::json!(k))).collect::<serde_json::Map<_, _>>(),
+        "layers": rows,
+    });
+    emit(&o.out, &json, || {
+        println!("{}", header_line(&c));
+        println!(
+            "T = {t}, first ubatch {}, distortion {}; mean attention KL per layer (mean over KV heads)",
+            p.first.min(t),
+            p.distortion
+        );
+        println!("| layer | {} |", names.join(" | "));
+        println!("|---|{}", "---|".repeat(names.len()));
+        for r in &rows {
+            let cells: Vec<String> = r.kl.iter().map(|k| format!("{k:.5}")).collect();
+            println!("| {} | {} |", r.layer, cells.join(" | "));
+        }
+        let cells: Vec<String> = mean
+            .iter()
+            .map(|k| match fitted {
+                Some(f) => format!("{k:.5} ({:.3}x fitted)", k / f),
+                None => format!("{k:.5}"),
+            })
+            .collect();
+        println!("| mean | {} |", cells.join(" | "));
+    });
+    plot_or_warn(&o.out, |path| {
+        let series: Vec<Series> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let pts = rows.iter().map(|r| (r.layer as f64, r.kl[i])).collect();
+                Series::line(n, pts, i, n.contains("rope-frame"))
+            })
+            .collect();
+        lab_plot::lines(
+            path,
+            &format!(
+                "{}: attention KL per layer, D = {} (bold: RoPE frame)",
+                stem(&c.header.model),
+                p.distortion
+            ),
+            "layer",
+            "mean attention KL (log)",
+            true,
+            &series,
+            &[],
         )
     })
 }
