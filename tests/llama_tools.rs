@@ -21,7 +21,7 @@ use support::*;
 /// the row (llama-perplexity prints `Mean PPL(Q)/PPL(base) : r ± e` and `Mean KLD: k ± e`;
 /// both are paired against the same f16 logits, so the errors are those of the difference,
 /// not of PPL itself). No pair is exempt: a pair that misses an issue's target is a row in
-/// docs/BENCHMARKS.md, and a pair that gets worse than its row here is a failing test.
+/// docs/JOURNAL.md, and a pair that gets worse than its row here is a failing test.
 /// After a change that makes a pair better, re-measure and lower its row.
 const GUARDS: [(&str, &str, f64, f64); 13] = [
     ("q4_0", "q4_0", 1.053703, 0.05264),
@@ -234,7 +234,7 @@ fn perplexity_every_turbo_pair_within_its_measured_guard() {
 
 /// turbo3/turbo3 KLD of 4 chunks of 512 when every ubatch has 8 tokens (`-ub 8`), so the
 /// first one into the empty cache has 7 past position 0, and ± (measured on this test's
-/// configuration, docs/BENCHMARKS.md "K statistics without the first key").
+/// configuration, docs/JOURNAL.md "K statistics without the first key").
 const SHORT_UB8_KLD: f64 = 0.07627;
 
 /// A first ubatch of 2-31 tokens gives the K mean and the balancing too, now that the first

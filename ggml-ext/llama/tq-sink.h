@@ -5,8 +5,8 @@
  * Why: most models put a large share of every query's attention on the first token. Its
  * key's quantization error moves that one logit, and through the softmax every other
  * weight with it; on real SmolLM2 keys, storing that single key without error takes about
- * a third of the attention error of turbo2 and turbo3 at 8192 tokens (docs/BENCHMARKS.md,
- * scripts/kmean_long_sim.py's /sink1), more keys add next to nothing.
+ * a third of the attention error of turbo2 and turbo3 at 8192 tokens (docs/JOURNAL.md,
+ * `tq kmean-sim`'s /sink1), more keys add next to nothing.
  *
  * What is kept: per layer, slot rows of the K the cache is given (after the K mean and
  * balancing, rotated: what the cache quantizes), f32 [n_embd_k_gqa, n_seq_max + 1], and the

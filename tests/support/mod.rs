@@ -111,10 +111,8 @@ pub fn run_limited(cmd: &mut Command, limit: Duration, what: &str) -> String {
 }
 
 /// `run_for(cmd, secs)`: runs `cmd` to completion with its output captured, killed with a
-/// panic after `secs` seconds. One definition for both crates' tests (the capi crate's).
-#[path = "../../crates/capi/tests/support/mod.rs"]
-mod proc_limit;
-pub use proc_limit::run_for;
+/// panic after `secs` seconds. One definition for every package's tests (crates/test-support).
+pub use turboquant_test_support::run_for;
 
 pub fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)

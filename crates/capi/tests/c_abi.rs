@@ -1,12 +1,10 @@
 //! Compiles crates/capi/tests/c/abi_test.c with the system C compiler (found through the
 //! `cc` crate), links it against the freshly built `libturboquant_capi.a`, runs it. Both
-//! child processes run under a time limit (support::run_for).
-
-mod support;
+//! child processes run under a time limit (turboquant_test_support::run_for).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use support::run_for;
+use turboquant_test_support::run_for;
 
 /// The newest `libturboquant*.a` next to this test executable (cargo builds the
 /// staticlib together with the rlib the test links).

@@ -2,8 +2,6 @@
 //! function the staticlib defines is declared in the header, so a Rust export that C
 //! cannot see fails here. (A declared function Rust lacks fails to compile.)
 
-mod support;
-
 use std::process::Command;
 
 /// The newest staticlib of this crate next to this test executable: `deps/` holds it as
@@ -28,7 +26,7 @@ fn staticlib() -> std::path::PathBuf {
 #[test]
 fn every_defined_tq_symbol_is_in_the_header() {
     let lib = staticlib();
-    let out = support::run_for(
+    let out = turboquant_test_support::run_for(
         Command::new("nm")
             .args(["--defined-only", "--extern-only", "--format=posix"])
             .arg(&lib),

@@ -1,4 +1,4 @@
-//! The K mean in RoPE's frame (crates/lab/src/lib.rs, after ggml-ext/llama/tq-kmean-rope.h):
+//! The K mean in RoPE's frame (crates/lab/src/kmean_rope.rs, after ggml-ext/llama/tq-kmean-rope.h):
 //! the pre-RoPE mean, the reconstruction `dequant(quant(k_p - R_p mu)) + R_p mu`, and what it
 //! buys over the fitted mean far beyond the first ubatch.
 

@@ -1,4 +1,4 @@
-//! The lab's math (crates/lab/src/lib.rs): capture file round trip and its errors, moments, rotations,
+//! The lab's math (crates/lab/src: capture, metrics, rotation, codec, needle): capture file round trip and its errors, moments, rotations,
 //! the ggml q8_0/q4_0 re-implementations, distortion against theory, the needle metric.
 
 use turboquant_codec::rotation::SplitMix64;

@@ -1,5 +1,5 @@
 //! The default evaluation text: the llama.cpp docs of the pinned tree. A text the user
-//! passes with `-f` replaces it; held-out texts are chosen per measurement (docs/BENCHMARKS.md).
+//! passes with `-f` replaces it; held-out texts are chosen per measurement (docs/JOURNAL.md).
 
 use std::path::{Path, PathBuf};
 

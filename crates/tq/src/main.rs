@@ -122,6 +122,9 @@ enum Cmd {
     /// The cheapest -ctk/-ctv pair (possibly asymmetric) whose attention output meets a
     /// cosine target in every layer, as llama-server flags.
     Recommend(lab_cmd::RecommendOpts),
+    /// Which K statistics (K mean frame, balancing, exact first keys) hold at long context:
+    /// the attention KL of each variant with the codec's error modelled as isotropic noise.
+    KmeanSim(lab_cmd::KmeanSimOpts),
     /// Fetch a known model into the cache and print its path.
     Fetch {
         #[arg(default_value = models::DEFAULT_MODEL)]
@@ -184,6 +187,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         Cmd::Distortion(o) => lab_cmd::distortion(o).map(|_| ExitCode::SUCCESS),
         Cmd::Niah(o) => lab_cmd::niah(o).map(|_| ExitCode::SUCCESS),
         Cmd::Recommend(o) => lab_cmd::recommend(o).map(|_| ExitCode::SUCCESS),
+        Cmd::KmeanSim(o) => lab_cmd::kmean_sim(o).map(|_| ExitCode::SUCCESS),
         Cmd::Fetch { name } => {
             println!("{}", models::resolve(Some(&name))?.display());
             Ok(ExitCode::SUCCESS)

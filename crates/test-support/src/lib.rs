@@ -1,6 +1,7 @@
-//! A time limit for every child process of this crate's tests (the C compiler, the C test,
-//! nm), so that a hang fails the test instead of using up CI's time.
-#![allow(dead_code)]
+//! What the workspace's tests share, as a dev-dependency (no test borrows another
+//! package's files by `#[path]`). Invariant: a child process a test starts through
+//! [`run_for`] never outlives its time limit: a hang fails the test instead of using up
+//! CI's time (the capi tests' C compiler, C test and nm; the llama tools of the root tests).
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
