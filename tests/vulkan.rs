@@ -3,10 +3,13 @@
 //! whatever `GGML_VK_VISIBLE_DEVICES` names. ggml-vulkan skips CPU-type devices unless that
 //! variable lists them, so the tests set it to `0` (the first device) when it is unset.
 //!
+//! - the Vulkan device takes the ops of turbo2/3/4 caches and refuses the rest
+//!   (ggml-ext/ggml-vulkan/tq-vulkan.h), asked through ggml's backend API, and its encode and
+//!   decode give the Rust codec's bytes and floats exactly (ggml-ext/tests/backend_turbo.cpp);
+//! - llama.cpp's test-backend-ops runs every turbo case of ggml-ext/tests/tq-backend-ops.inc
+//!   that the device takes against the CPU backend;
 //! - llama-perplexity with every layer on the device (`-ngl 99`) matches the CPU backend's
-//!   logits (f16 cache), and a turbo cache runs with its K/V kept in host memory;
-//! - the Vulkan device refuses every op on a turbo type (ggml-ext/ggml-vulkan/tq-vulkan.h),
-//!   asked through ggml's backend API (ggml-ext/tests/backend_refusal.cpp).
+//!   logits, with f16 and with turbo caches (which now live on the device).
 //!
 //! Without a Vulkan device the tests say so and pass, except under `CI=true`, where they fail:
 //! CI installs lavapipe, so a missing device there is a broken setup, not a skip.
@@ -16,13 +19,21 @@
 mod support;
 
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::OnceLock;
 use support::*;
 
 extern "C" {
     fn tq_test_backend_devices(reg_name: *const c_char) -> c_int;
-    fn tq_test_backend_refuses_turbo(
+    fn tq_test_backend_turbo_ops(
+        reg_name: *const c_char,
+        index: c_int,
+        scalar_turbo: c_int,
+        err: *mut c_char,
+        cap: usize,
+    ) -> c_int;
+    fn tq_test_backend_turbo_bytes(
         reg_name: *const c_char,
         index: c_int,
         err: *mut c_char,
@@ -68,16 +79,116 @@ fn device_or_skip(test: &str) -> bool {
 }
 
 #[test]
-fn vulkan_device_refuses_every_op_on_a_turbo_type() {
-    if !device_or_skip("vulkan_device_refuses_every_op_on_a_turbo_type") {
+fn vulkan_device_takes_the_turbo_ops_it_has_shaders_for() {
+    if !device_or_skip("vulkan_device_takes_the_turbo_ops_it_has_shaders_for") {
+        return;
+    }
+    let name = CString::new("Vulkan").unwrap();
+    let mut buf = [0 as c_char; 512];
+    // 1: turbo2/3/4 taken except MUL_MAT, the trellis types refused (lavapipe has shaderFloat64)
+    let rc =
+        unsafe { tq_test_backend_turbo_ops(name.as_ptr(), 0, 1, buf.as_mut_ptr(), buf.len()) };
+    let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+    assert_eq!(rc, 0, "{msg}");
+}
+
+#[test]
+fn vulkan_turbo_encode_and_decode_are_the_rust_codecs() {
+    if !device_or_skip("vulkan_turbo_encode_and_decode_are_the_rust_codecs") {
         return;
     }
     let name = CString::new("Vulkan").unwrap();
     let mut buf = [0 as c_char; 512];
     let rc =
-        unsafe { tq_test_backend_refuses_turbo(name.as_ptr(), 0, buf.as_mut_ptr(), buf.len()) };
+        unsafe { tq_test_backend_turbo_bytes(name.as_ptr(), 0, buf.as_mut_ptr(), buf.len()) };
     let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
     assert_eq!(rc, 0, "{msg}");
+}
+
+/// llama.cpp's test-backend-ops in the Vulkan build directory, built on first use (it links
+/// the codec as the staticlib cargo built: TQ_RUST_LIB).
+fn test_backend_ops() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let release = bin("llama-perplexity").parent().unwrap().to_path_buf();
+        let dir = release.parent().unwrap().join("llama.cpp-build-vulkan");
+        let lib = release.join("libturboquant_capi.a");
+        assert!(lib.exists(), "no {}: cargo build --release --features vulkan first", lib.display());
+        let mut cfg = Command::new("cmake");
+        cfg.arg(&dir).arg("-DLLAMA_BUILD_TESTS=ON").arg(format!("-DTQ_RUST_LIB={}", lib.display()));
+        let o = run_for(&mut cfg, 600);
+        assert!(o.status.success(), "cmake configure failed:\n{}", text(&o));
+        let mut b = Command::new("cmake");
+        b.arg("--build").arg(&dir).args(["--target", "test-backend-ops", "-j", "2"]);
+        let o = run_for(&mut b, 1800);
+        assert!(o.status.success(), "building test-backend-ops failed:\n{}", text(&o));
+        dir.join("bin/test-backend-ops")
+    })
+    .clone()
+}
+
+/// One test-backend-ops run on Vulkan0 against the CPU: `(passed, supported)` from its
+/// `N/M tests passed` line, after checking that it exited cleanly and printed no FAIL.
+fn backend_ops(ops: &str, filter: &str) -> (usize, usize) {
+    let mut cmd = Command::new(test_backend_ops());
+    cmd.args(["-b", "Vulkan0", "-o", ops, "-p", filter]);
+    cmd.env("GGML_VK_VISIBLE_DEVICES", visible_devices());
+    let o = run_for(&mut cmd, 900);
+    let out = text(&o);
+    assert!(o.status.success(), "test-backend-ops -o {ops} -p {filter} failed ({}):\n{out}", o.status);
+    assert!(!out.contains("FAIL"), "test-backend-ops -o {ops} -p {filter}:\n{out}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("tests passed") && l.contains('/'))
+        .unwrap_or_else(|| panic!("no `tests passed` line:\n{out}"));
+    let nums: Vec<usize> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    (nums[0], nums[1])
+}
+
+/// The K/V pairs whose flash attention runs per head size: the symmetric turbo pairs, the
+/// default mixed pair and turbo against upstream types on either side.
+const FA_PAIRS: [(&str, &str); 6] = [
+    ("turbo4", "turbo4"),
+    ("turbo3", "turbo3"),
+    ("turbo2", "turbo2"),
+    ("turbo4", "turbo3"),
+    ("q8_0", "turbo4"),
+    ("turbo3", "f16"),
+];
+
+#[test]
+fn test_backend_ops_turbo_cases_pass_on_vulkan() {
+    if !device_or_skip("test_backend_ops_turbo_cases_pass_on_vulkan") {
+        return;
+    }
+    let t = std::time::Instant::now();
+    // SET_ROWS (i32/i64 rows, views), GET_ROWS (f32/f16 out, views), CPY both ways: 8 + 4 + 1
+    // + 2 cases per type for turbo2/3/4 (the trellis types and MUL_MAT are refused, so they
+    // count as unsupported, not as passed)
+    let (passed, supported) = backend_ops("SET_ROWS,GET_ROWS,CPY,MUL_MAT", "turbo");
+    assert_eq!(passed, supported);
+    assert!(supported >= 3 * 15, "only {supported} turbo cases ran");
+    // flash attention: one process per head size and pair (lavapipe 22.3 corrupts its heap
+    // after a few dozen flash attention pipelines in one process, upstream's q4_0 cases too:
+    // docs/VULKAN.md)
+    let mut fa = 0;
+    for hs in [64, 128, 256] {
+        for (k, v) in FA_PAIRS {
+            let (passed, supported) =
+                backend_ops("FLASH_ATTN_EXT", &format!("hsk={hs},.*type_K={k},type_V={v},"));
+            assert_eq!(passed, supported, "hs {hs} {k}/{v}");
+            assert!(supported >= 2, "hs {hs} {k}/{v}: only {supported} cases ran");
+            fa += supported;
+        }
+    }
+    eprintln!(
+        "test-backend-ops on Vulkan0: {supported} SET_ROWS/GET_ROWS/CPY and {fa} flash attention \
+         turbo cases passed in {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 /// Context and chunks of the perplexity runs: 2 x 256 tokens of the docs corpus. lavapipe

@@ -27,7 +27,7 @@ endif()
 if (TQ_BUILD_TESTS)
     add_library(tq-ggml-tests STATIC "${TQ_EXT_DIR}/tests/ggml_ops.cpp" "${TQ_EXT_DIR}/tests/sink_ops.cpp"
                                      "${TQ_EXT_DIR}/tests/contract_ops.cpp"
-                                     "${TQ_EXT_DIR}/tests/backend_refusal.cpp")
+                                     "${TQ_EXT_DIR}/tests/backend_turbo.cpp")
     target_link_libraries(tq-ggml-tests PUBLIC ggml)
     target_compile_features(tq-ggml-tests PRIVATE cxx_std_17)
 endif()
