@@ -49,9 +49,13 @@
  * n = head_dim * n_head_kv; m and s live in the model's channel frame (before the cache's
  * rotation), which is where RoPE pairs are channel pairs. It is all saved state carries.
  *
- * Where softmax invariance does not hold it is off: logit soft-capping (tanh before
- * softmax), attention sinks (an extra logit that is not shifted), MLA and partial RoPE
- * (the K shift below assumes the whole head is roped). TQ_K_MEAN=0 turns it off.
+ * Where softmax invariance does not hold, this fitted mean is off: logit soft-capping (tanh
+ * before softmax) and attention sinks (an extra logit that is not shifted) keep only the mean
+ * in RoPE's frame, which is exact there. MLA has none (V is a view of K's latent part, so a
+ * K mean would shift V). Partial RoPE works in both frames: the map M turns only the roped
+ * pairs (llama's, i and i + n_rot/2 with neox) and is the identity past n_rot, balancing ties
+ * s on the same pairs (tq_rf_pairs), so s still commutes with RoPE and the K shift holds.
+ * TQ_K_MEAN=0 turns it off.
  * K shift (context shift, seq_add) re-ropes stored keys: s*rope(k) - m is recovered as
  * rope_d(stored + m) - m in the channel frame, see tq_kmean_unshift/tq_kmean_reshift.
  * Saved state carries m and s per layer; see tq-llama-kv-cache.cpp.
