@@ -66,6 +66,9 @@ def main():
     ap.add_argument("--d-state", type=int, default=64, help="granitehybrid: Mamba-2 state size")
     ap.add_argument("--ssm-heads", type=int, default=8, help="granitehybrid: Mamba-2 heads")
     ap.add_argument("--ssm-groups", type=int, default=1, help="granitehybrid: Mamba-2 groups")
+    ap.add_argument("--k-bias", type=float, default=0.0,
+                    help="family archs but deepseek2: attn_k.bias ~ N(0, B^2) per channel, a common "
+                         "key component (what the turbo K mean takes out; 0: none)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
@@ -139,6 +142,8 @@ def main():
                 ones(p + "attn_k_norm.weight", a.head)
             t(p + "attn_q.weight", n_embd, n_embd)
             t(p + "attn_k.weight", kv, n_embd)
+            if a.k_bias:
+                t(p + "attn_k.bias", kv, scale=a.k_bias, dtype=np.float32)
             t(p + "attn_v.weight", kv, n_embd)
             t(p + "attn_output.weight", n_embd, n_embd)
         elif a.arch == "lfm2":
@@ -240,6 +245,8 @@ def families(a, w, vocab, n_embd, n_ff):
         else:
             t(p + "attn_q.weight", nh * hd, n_embd)
             t(p + "attn_k.weight", kv, n_embd)
+            if a.k_bias:
+                t(p + "attn_k.bias", kv, scale=a.k_bias, dtype=np.float32)
             t(p + "attn_v.weight", kv, n_embd)
             t(p + "attn_output.weight", n_embd, nh * hd)
         if arch in ("gemma2", "gpt-oss"):

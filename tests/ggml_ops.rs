@@ -166,7 +166,8 @@ fn k_mean_removal_modes_invariance_and_k_shift() {
 }
 
 /// K/Q channel balancing (ggml-ext/llama/tq-kmean.h): logits exact in every mode, s tied
-/// on RoPE pairs, energy-preserving, the Cauchy-Schwarz optimum, commuting with RoPE.
+/// on RoPE pairs, energy-preserving, the Cauchy-Schwarz optimum, commuting with RoPE (full
+/// and partial: n_rot 16 of a 64-wide head, both pairings).
 #[test]
 fn k_q_channel_balancing_is_logit_exact_and_rope_tied() {
     check(|e, n| unsafe { tq_test_kbal(e, n) });
@@ -175,6 +176,9 @@ fn k_q_channel_balancing_is_logit_exact_and_rope_tied() {
 /// The K mean in RoPE's frame (ggml-ext/llama/tq-kmean-rope.h): every logit exact per key
 /// through the per-head mask and through the f32 keys, SET and KEEP, with and without
 /// balancing, both RoPE layouts; SET takes the roped common component out at every position.
+/// Partial RoPE too (head 64, n_rot 16 and 32, NEOX and normal, keys roped by ggml_rope_ext):
+/// the roped channels in RoPE's frame, the rest a plain mean, and the turbo flash attention
+/// with the term (with soft cap, with sinks) equal to attention over f32 keys.
 #[test]
 fn k_mean_in_rope_frame_is_logit_exact_per_key() {
     check(|e, n| unsafe { tq_test_kmean_rope(e, n) });

@@ -53,22 +53,82 @@ static inline bool tq_kmean_rope_is(const ggml_tensor * k_mean) {
     return k_mean && k_mean->op == GGML_OP_NONE && k_mean->op_params[TQ_KMEAN_ROPE_SLOT] == TQ_KMEAN_ROPE_MAGIC;
 }
 
+/* Which channels of a head make RoPE pair i, as llama's rope (ggml_rope_ext with n_dims =
+   n_rot) turns them: NORM pairs (2i, 2i+1), NEOX (i, i + n_rot/2), for i < n_rot/2. With
+   partial RoPE (n_rot < hd: StableLM, Phi, GLM) the channels past n_rot are not turned; they
+   are paired here too, as pairs of angular frequency 0: the host's table holds cos 1, sin 0
+   for them, R_p is the identity there, so what a key stores is k - mu on them (a plain,
+   position-independent mean) and the term adds q.mu back, the same machinery as the roped
+   pairs. NORM pairs them (2i, 2i+1) like the rest (the layout is the full head's), NEOX as
+   the halves of the rest: (n_rot + j, n_rot + j + (hd - n_rot)/2). n_rot 0 (or hd): the
+   whole head is roped, the layout of every full-RoPE model. */
+struct tq_rf_pairs {
+    bool neox;
+    int64_t n_rot;
+};
+
+/* The roped channels of a head of hd under pr: hd where the whole head is roped. */
+static inline int64_t tq_rf_nrot(tq_rf_pairs pr, int64_t hd) {
+    return pr.n_rot > 0 && pr.n_rot < hd ? pr.n_rot : hd;
+}
+
+/* Whether pr pairs the head like a full-RoPE one (the layouts tq_rf_half's views give). */
+static inline bool tq_rf_plain(tq_rf_pairs pr, int64_t hd) {
+    return !pr.neox || tq_rf_nrot(pr, hd) == hd;
+}
+
+/* Pairs as a custom op's userdata bits (bit 0 neox, bits 8.. n_rot; bit 1 is the caller's). */
+static inline uintptr_t tq_rf_pairs_bits(tq_rf_pairs pr, int64_t hd) {
+    return (pr.neox ? 1u : 0u) | ((uintptr_t) (tq_rf_plain(pr, hd) ? 0 : pr.n_rot) << 8);
+}
+static inline tq_rf_pairs tq_rf_pairs_of(const void * userdata) {
+    const uintptr_t b = (uintptr_t) userdata;
+    return { (b & 1) != 0, (int64_t) (b >> 8) };
+}
+
+/* Pair i of channel-frame row x (hd floats): channels a and b. */
+static inline int64_t tq_rf_ch(tq_rf_pairs pr, int64_t hd, int64_t i, int ab) {
+    if (!pr.neox) {
+        return 2 * i + ab;
+    }
+    const int64_t r = tq_rf_nrot(pr, hd);
+    return i < r / 2 ? i + ab * (r / 2) : r + (i - r / 2) + ab * ((hd - r) / 2);
+}
+
 /* Channel a (which = 0) or b (1) of every RoPE pair of x [hd, n1, n2] as a contiguous
-   [hd/2, n1, n2]: the halves for neox, the even/odd channels otherwise. */
-static inline ggml_tensor * tq_rf_half(ggml_context * ctx, ggml_tensor * x, bool neox, int which) {
+   [hd/2, n1, n2]: the halves for neox, the even/odd channels otherwise; for neox with partial
+   RoPE the roped part's half followed by the rest's (tq_rf_ch). */
+static inline ggml_tensor * tq_rf_half(ggml_context * ctx, ggml_tensor * x, tq_rf_pairs pr, int which) {
     const int64_t hd = x->ne[0], half = hd / 2, n1 = x->ne[1], n2 = x->ne[2];
     if (!ggml_is_contiguous(x)) {
         x = ggml_cont(ctx, x);
     }
+    if (!tq_rf_plain(pr, hd)) {
+        const int64_t r = tq_rf_nrot(pr, hd), h1 = r / 2, h2 = (hd - r) / 2;
+        auto seg = [&](int64_t off, int64_t len) {
+            return ggml_cont(ctx, ggml_view_3d(ctx, x, len, n1, n2, x->nb[1], x->nb[2], (size_t) off * x->nb[0]));
+        };
+        return ggml_concat(ctx, seg(which * h1, h1), seg(r + which * h2, h2), 0);
+    }
+    const bool neox = pr.neox;
     ggml_tensor * v = neox ? ggml_view_3d(ctx, x, half, n1, n2, x->nb[1], x->nb[2], (size_t) which * half * x->nb[0])
                            : ggml_view_3d(ctx, x, 1, half, n1 * n2, 2 * x->nb[0], x->nb[1], (size_t) which * x->nb[0]);
     return ggml_reshape_3d(ctx, ggml_cont(ctx, v), half, n1, n2);
 }
 
 /* The inverse of tq_rf_half: channels a and b [hd/2, n1, n2] -> x [hd, n1, n2]. */
-static inline ggml_tensor * tq_rf_join(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, bool neox) {
+static inline ggml_tensor * tq_rf_join(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, tq_rf_pairs pr) {
     const int64_t half = a->ne[0], n1 = a->ne[1], n2 = a->ne[2];
-    if (neox) {
+    if (!tq_rf_plain(pr, 2 * half)) {
+        const int64_t h1 = tq_rf_nrot(pr, 2 * half) / 2, h2 = half - h1;
+        auto seg = [&](ggml_tensor * x, int64_t off, int64_t len) {
+            return ggml_cont(ctx, ggml_view_3d(ctx, x, len, n1, n2, x->nb[1], x->nb[2], (size_t) off * x->nb[0]));
+        };
+        ggml_tensor * roped = ggml_concat(ctx, seg(a, 0, h1), seg(b, 0, h1), 0);
+        ggml_tensor * rest = ggml_concat(ctx, seg(a, h1, h2), seg(b, h1, h2), 0);
+        return ggml_concat(ctx, roped, rest, 0);
+    }
+    if (pr.neox) {
         return ggml_concat(ctx, a, b, 0);
     }
     ggml_tensor * a4 = ggml_reshape_4d(ctx, a, 1, half, n1, n2);
@@ -82,20 +142,15 @@ static inline ggml_tensor * tq_rf_trig(ggml_context * ctx, ggml_tensor * T, int 
     return ggml_view_3d(ctx, T, half, 1, T->ne[1], T->nb[1], T->nb[1], (size_t) which * half * T->nb[0]);
 }
 
-/* Pair i of channel-frame row x (hd floats): channels a and b. */
-static inline int64_t tq_rf_ch(bool neox, int64_t hd, int64_t i, int ab) {
-    return neox ? i + ab * (hd / 2) : 2 * i + ab;
-}
-
 /* The two small per-ubatch products below are CPU ops of their own (ggml_custom_4d): as a
    chain of halves, products and joins each was about a dozen graph nodes per layer, and on
    a decode step every node costs a thread barrier (the mean in RoPE's frame runs only
    where the model is on the CPU, tq_kmean_rope_setup). Rows are split across threads. */
 /* o = R_p m for one row (hd floats; t: the position's table column). */
-static inline void tq_rf_rotate_row(bool neox, int64_t hd, const float * t, const float * m, float * o) {
+static inline void tq_rf_rotate_row(tq_rf_pairs pr, int64_t hd, const float * t, const float * m, float * o) {
     const int64_t half = hd / 2;
     for (int64_t i = 0; i < half; ++i) {
-        const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
+        const int64_t ca = tq_rf_ch(pr, hd, i, 0), cb = tq_rf_ch(pr, hd, i, 1);
         const float c = t[i], sn = t[half + i];
         o[ca] = c * m[ca] - sn * m[cb];
         o[cb] = sn * m[ca] + c * m[cb];
@@ -103,17 +158,17 @@ static inline void tq_rf_rotate_row(bool neox, int64_t hd, const float * t, cons
 }
 
 /* o = [alpha; beta] of one query row x against the mean m (hd floats each). */
-static inline void tq_rf_coeffs_row(bool neox, int64_t hd, const float * x, const float * m, float * o) {
+static inline void tq_rf_coeffs_row(tq_rf_pairs pr, int64_t hd, const float * x, const float * m, float * o) {
     const int64_t half = hd / 2;
     for (int64_t i = 0; i < half; ++i) {
-        const int64_t ca = tq_rf_ch(neox, hd, i, 0), cb = tq_rf_ch(neox, hd, i, 1);
+        const int64_t ca = tq_rf_ch(pr, hd, i, 0), cb = tq_rf_ch(pr, hd, i, 1);
         o[i] = x[ca] * m[ca] + x[cb] * m[cb];        // alpha_i
         o[half + i] = x[cb] * m[ca] - x[ca] * m[cb]; // beta_i
     }
 }
 
 static inline void tq_rf_rotate_mean_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    const bool neox = userdata != nullptr;
+    const tq_rf_pairs pr = tq_rf_pairs_of(userdata);
     const ggml_tensor * mu = dst->src[0], * T = dst->src[1];
     const int64_t hd = dst->ne[0], nh = dst->ne[1], n = dst->ne[2];
     for (int64_t r = ith; r < nh * n; r += nth) {
@@ -121,36 +176,36 @@ static inline void tq_rf_rotate_mean_op(ggml_tensor * dst, int ith, int nth, voi
         const float * m = (const float *) ((const char *) mu->data + h * mu->nb[1]);
         const float * t = (const float *) ((const char *) T->data + p * T->nb[1]);
         float * o = (float *) ((char *) dst->data + h * dst->nb[1] + p * dst->nb[2]);
-        tq_rf_rotate_row(neox, hd, t, m, o);
+        tq_rf_rotate_row(pr, hd, t, m, o);
     }
 }
 
 /* R_p mu for every column p of the table T [hd, n]: mu [hd, nh] (channel frame, rows
    contiguous) -> [hd, nh, n]. */
-static inline ggml_tensor * tq_rf_rotate_mean(ggml_context * ctx, ggml_tensor * mu, ggml_tensor * T, bool neox) {
+static inline ggml_tensor * tq_rf_rotate_mean(ggml_context * ctx, ggml_tensor * mu, ggml_tensor * T, tq_rf_pairs pr) {
     GGML_ASSERT(mu->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && mu->ne[0] == T->ne[0] && mu->nb[0] == sizeof(float) &&
                 T->nb[0] == sizeof(float) && mu->ne[2] == 1 && T->ne[2] == 1);
     ggml_tensor * args[2] = { mu, T };
     return ggml_custom_4d(ctx, GGML_TYPE_F32, mu->ne[0], mu->ne[1], T->ne[1], 1, args, 2, tq_rf_rotate_mean_op,
-                          GGML_N_TASKS_MAX, neox ? (void *) 1 : nullptr);
+                          GGML_N_TASKS_MAX, (void *) tq_rf_pairs_bits(pr, mu->ne[0]));
 }
 
 /* The pre-RoPE mean of the keys k [hd, nh, nt] at the positions of T [hd, nt]: the mean of
    R_p^-1 k_p, as [hd, nh]. per_tok: [1, nt, 1] weights 1/nt (tq_kbal_const). */
 static inline ggml_tensor * tq_rf_unrope_mean(ggml_context * ctx, ggml_tensor * k, ggml_tensor * T, ggml_tensor * per_tok,
-                                              bool neox) {
+                                              tq_rf_pairs pr) {
     const int64_t hd = k->ne[0], nh = k->ne[1], nt = k->ne[2], half = hd / 2;
-    ggml_tensor * ka = tq_rf_half(ctx, k, neox, 0), * kb = tq_rf_half(ctx, k, neox, 1);
+    ggml_tensor * ka = tq_rf_half(ctx, k, pr, 0), * kb = tq_rf_half(ctx, k, pr, 1);
     ggml_tensor * c = tq_rf_trig(ctx, T, 0), * s = tq_rf_trig(ctx, T, 1);
     ggml_tensor * ua = ggml_add(ctx, ggml_mul(ctx, ka, c), ggml_mul(ctx, kb, s));
     ggml_tensor * ub = ggml_sub(ctx, ggml_mul(ctx, kb, c), ggml_mul(ctx, ka, s));
     ggml_tensor * ma = ggml_reshape_3d(ctx, ggml_out_prod(ctx, ggml_reshape_3d(ctx, ua, half * nh, nt, 1), per_tok), half, nh, 1);
     ggml_tensor * mb = ggml_reshape_3d(ctx, ggml_out_prod(ctx, ggml_reshape_3d(ctx, ub, half * nh, nt, 1), per_tok), half, nh, 1);
-    return ggml_reshape_2d(ctx, tq_rf_join(ctx, ma, mb, neox), hd, nh);
+    return ggml_reshape_2d(ctx, tq_rf_join(ctx, ma, mb, pr), hd, nh);
 }
 
 static inline void tq_rf_coeffs_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    const bool neox = userdata != nullptr;
+    const tq_rf_pairs pr = tq_rf_pairs_of(userdata);
     const ggml_tensor * q = dst->src[0], * mu = dst->src[1];
     const int64_t hd = dst->ne[0], nq = dst->ne[1], nt = dst->ne[2], g = nq / mu->ne[1];
     for (int64_t r = ith; r < nq * nt; r += nth) {
@@ -158,18 +213,18 @@ static inline void tq_rf_coeffs_op(ggml_tensor * dst, int ith, int nth, void * u
         const float * x = (const float *) ((const char *) q->data + h * q->nb[1] + t * q->nb[2]);
         const float * m = (const float *) ((const char *) mu->data + (h / g) * mu->nb[1]);
         float * o = (float *) ((char *) dst->data + h * dst->nb[1] + t * dst->nb[2]);
-        tq_rf_coeffs_row(neox, hd, x, m, o);
+        tq_rf_coeffs_row(pr, hd, x, m, o);
     }
 }
 
 /* The per-key term's coefficients A = [alpha; beta] [hd, nq, nt] of the queries q [hd, nq, nt]
    (channel frame, already divided by s; rows contiguous) against the stored mean mu' [hd, nkv]. */
-static inline ggml_tensor * tq_rf_coeffs(ggml_context * ctx, ggml_tensor * q, ggml_tensor * mu, bool neox) {
+static inline ggml_tensor * tq_rf_coeffs(ggml_context * ctx, ggml_tensor * q, ggml_tensor * mu, tq_rf_pairs pr) {
     GGML_ASSERT(q->type == GGML_TYPE_F32 && mu->type == GGML_TYPE_F32 && q->ne[0] == mu->ne[0] && q->nb[0] == sizeof(float) &&
                 mu->nb[0] == sizeof(float) && q->ne[1] % mu->ne[1] == 0 && q->ne[3] == 1 && mu->ne[2] == 1);
     ggml_tensor * args[2] = { q, mu };
     return ggml_custom_4d(ctx, GGML_TYPE_F32, q->ne[0], q->ne[1], q->ne[2], 1, args, 2, tq_rf_coeffs_op, GGML_N_TASKS_MAX,
-                          neox ? (void *) 1 : nullptr);
+                          (void *) tq_rf_pairs_bits(pr, q->ne[0]));
 }
 
 /* A KEEP ubatch's whole K side in one op: from q [hd, nq, nt] and k [hd, nkv, nt] (roped,
@@ -182,7 +237,8 @@ static inline ggml_tensor * tq_rf_coeffs(ggml_context * ctx, ggml_tensor * q, gg
    (token, KV head); heads up to TQ_RF_HD_MAX. */
 #define TQ_RF_HD_MAX 512
 static inline void tq_rf_keep_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    const bool neox = ((uintptr_t) userdata & 1) != 0, bal = ((uintptr_t) userdata & 2) != 0;
+    const tq_rf_pairs pr = tq_rf_pairs_of(userdata);
+    const bool bal = ((uintptr_t) userdata & 2) != 0;
     const ggml_tensor * q = dst->src[0], * k = dst->src[1], * km = dst->src[2], * T = dst->src[3];
     const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1], g = nq / nkv;
     float * kd = (float *) dst->data, * qd = kd + hd * nkv * nt, * ad = qd + hd * nq * nt;
@@ -194,13 +250,13 @@ static inline void tq_rf_keep_op(ggml_tensor * dst, int ith, int nth, void * use
         const float * kx = (const float *) ((const char *) k->data + h * k->nb[1] + t * k->nb[2]);
         float * ko = kd + (t * nkv + h) * hd;
         float rm[TQ_RF_HD_MAX];
-        tq_rf_rotate_row(neox, hd, tc, m, rm);
+        tq_rf_rotate_row(pr, hd, tc, m, rm);
         for (int64_t c = 0; c < hd; ++c) ko[c] = (d ? kx[c] * (1.0f + d[c]) : kx[c]) - rm[c];
         for (int64_t j = h * g; j < (h + 1) * g; ++j) {
             const float * qx = (const float *) ((const char *) q->data + j * q->nb[1] + t * q->nb[2]);
             float * qo = qd + (t * nq + j) * hd, * ao = ad + (t * nq + j) * hd;
             for (int64_t c = 0; c < hd; ++c) qo[c] = d ? qx[c] / (1.0f + d[c]) : qx[c];
-            tq_rf_coeffs_row(neox, hd, qo, m, ao);
+            tq_rf_coeffs_row(pr, hd, qo, m, ao);
         }
     }
 }
@@ -208,7 +264,7 @@ static inline void tq_rf_keep_op(ggml_tensor * dst, int ith, int nth, void * use
 /* tq_rf_keep_op as a node: returns k', sets *q_cur to q' and *coeffs to A (views of one
    output, each contiguous). */
 static inline ggml_tensor * tq_rf_keep(ggml_context * ctx, ggml_tensor ** q_cur, ggml_tensor * k, ggml_tensor * k_mean,
-                                       ggml_tensor * T, bool bal, bool neox, ggml_tensor ** coeffs) {
+                                       ggml_tensor * T, bool bal, tq_rf_pairs pr, ggml_tensor ** coeffs) {
     ggml_tensor * q = *q_cur;
     const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1];
     GGML_ASSERT(q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F32 && k_mean->type == GGML_TYPE_F32 &&
@@ -216,7 +272,7 @@ static inline ggml_tensor * tq_rf_keep(ggml_context * ctx, ggml_tensor ** q_cur,
                 T->ne[0] == hd && T->ne[1] == nt && hd <= TQ_RF_HD_MAX && q->nb[0] == sizeof(float) && k->nb[0] == sizeof(float) &&
                 T->nb[0] == sizeof(float) && ggml_is_contiguous(k_mean) && q->ne[3] == 1 && k->ne[3] == 1);
     ggml_tensor * args[4] = { q, k, k_mean, T };
-    const uintptr_t flags = (neox ? 1u : 0u) | (bal ? 2u : 0u);
+    const uintptr_t flags = tq_rf_pairs_bits(pr, hd) | (bal ? 2u : 0u);
     ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, hd * (nkv + 2 * nq) * nt, 1, 1, 1, args, 4, tq_rf_keep_op,
                                        GGML_N_TASKS_MAX, (void *) flags);
     const size_t f = sizeof(float);
@@ -246,12 +302,12 @@ static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, g
    With the exact first keys' slots (tq-sink.h; S each cell's slot) a matching cell's decoded
    rows are its slot's. */
 static inline ggml_tensor * tq_rf_keys(ggml_context * ctx, ggml_tensor * k, ggml_tensor * mu, ggml_tensor * T,
-                                       ggml_tensor * rot, bool neox,
+                                       ggml_tensor * rot, tq_rf_pairs pr,
                                        ggml_tensor * (*rotate)(ggml_context *, ggml_tensor *, ggml_tensor *),
                                        ggml_tensor * S = nullptr, ggml_tensor * sink_rows = nullptr,
                                        ggml_tensor * sink_q = nullptr) {
     GGML_ASSERT(k->ne[2] * k->ne[3] == T->ne[1]); // ne[3]: the view's streams, T's column blocks
-    ggml_tensor * rm = tq_rf_rotate_mean(ctx, mu, T, neox); // [hd, nkv, n_kv ns], channel frame
+    ggml_tensor * rm = tq_rf_rotate_mean(ctx, mu, T, pr); // [hd, nkv, n_kv ns], channel frame
     if (rot) {
         rm = rotate(ctx, rm, rot);
     }

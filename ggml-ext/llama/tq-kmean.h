@@ -49,9 +49,13 @@
  * n = head_dim * n_head_kv; m and s live in the model's channel frame (before the cache's
  * rotation), which is where RoPE pairs are channel pairs. It is all saved state carries.
  *
- * Where softmax invariance does not hold it is off: logit soft-capping (tanh before
- * softmax), attention sinks (an extra logit that is not shifted), MLA and partial RoPE
- * (the K shift below assumes the whole head is roped). TQ_K_MEAN=0 turns it off.
+ * Where softmax invariance does not hold, this fitted mean is off: logit soft-capping (tanh
+ * before softmax) and attention sinks (an extra logit that is not shifted) keep only the mean
+ * in RoPE's frame, which is exact there. MLA has none (V is a view of K's latent part, so a
+ * K mean would shift V). Partial RoPE works in both frames: the map M turns only the roped
+ * pairs (llama's, i and i + n_rot/2 with neox) and is the identity past n_rot, balancing ties
+ * s on the same pairs (tq_rf_pairs), so s still commutes with RoPE and the K shift holds.
+ * TQ_K_MEAN=0 turns it off.
  * K shift (context shift, seq_add) re-ropes stored keys: s*rope(k) - m is recovered as
  * rope_d(stored + m) - m in the channel frame, see tq_kmean_unshift/tq_kmean_reshift.
  * Saved state carries m and s per layer; see tq-llama-kv-cache.cpp.
@@ -166,10 +170,16 @@ static inline void tq_kmean_map(const double * w, int64_t half, int64_t hd, bool
 #define TQ_KBAL_MAX 8.0f
 #define TQ_KBAL_QUERIES 64
 
-/* x [hd, nh] contiguous -> each RoPE pair replaced by the mean of its two channels. */
-static inline ggml_tensor * tq_kbal_tie_pairs(ggml_context * ctx, ggml_tensor * x, bool neox) {
+/* x [hd, nh] contiguous -> each RoPE pair (tq_rf_pairs) replaced by the mean of its two channels. */
+static inline ggml_tensor * tq_kbal_tie_pairs(ggml_context * ctx, ggml_tensor * x, tq_rf_pairs pr) {
     const int64_t hd = x->ne[0], nh = x->ne[1];
-    if (!neox) {
+    if (!tq_rf_plain(pr, hd)) {
+        // neox with partial RoPE: the pairs' two channels as halves (tq_rf_half), averaged
+        ggml_tensor * x3 = ggml_reshape_3d(ctx, x, hd, nh, 1);
+        ggml_tensor * m = ggml_scale(ctx, ggml_add(ctx, tq_rf_half(ctx, x3, pr, 0), tq_rf_half(ctx, x3, pr, 1)), 0.5f);
+        return ggml_reshape_2d(ctx, tq_rf_join(ctx, m, m, pr), hd, nh);
+    }
+    if (!pr.neox) {
         ggml_tensor * p = ggml_reshape_2d(ctx, x, 2, hd / 2 * nh);
         return ggml_reshape_2d(ctx, ggml_repeat(ctx, ggml_mean(ctx, p), p), hd, nh);
     }
@@ -203,7 +213,7 @@ static inline ggml_tensor * tq_kbal_wsum(ggml_context * ctx, ggml_tensor * x, gg
    less (no renormalisation). Returns s [hd, nkv]. */
 static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * q,
                                           ggml_tensor * map, ggml_tensor * m_b, ggml_tensor * per_tok,
-                                          float kq_scale, bool neox, ggml_tensor * resid,
+                                          float kq_scale, tq_rf_pairs pr, ggml_tensor * resid,
                                           ggml_tensor * key_w = nullptr) {
     const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2];
     const int64_t nq = q->ne[1], g = nq / nkv;
@@ -234,12 +244,12 @@ static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cu
         ggml_tensor * mw = ggml_mul_mat(ctx, map, kw);
         rk = ggml_add(ctx, ggml_sub(ctx, e2, ggml_scale(ctx, ggml_mul(ctx, m_b, mw), 2.0f)), ggml_sqr(ctx, m_b));
     }
-    rk = ggml_clamp(ctx, tq_kbal_tie_pairs(ctx, rk, neox), 1e-20f, 1e20f);
+    rk = ggml_clamp(ctx, tq_kbal_tie_pairs(ctx, rk, pr), 1e-20f, 1e20f);
     // query energy per channel over tokens and the g query heads of each KV head
     ggml_tensor * q2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, ggml_reshape_3d(ctx, q, hd * nq, nt, 1)), per_tok); // [hd nq, 1]
     ggml_tensor * rq = tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, q2, hd, g, nkv), tq_kbal_const(ctx, kp, g, nkv, 1.0f / (float) g));
     rq = ggml_clamp(ctx, rq, 1e-20f, 1e20f);
-    rq = tq_kbal_tie_pairs(ctx, rq, neox);
+    rq = tq_kbal_tie_pairs(ctx, rq, pr);
 
     // s = (rq / rk)^(1/4), the ratio bounded so that nothing below overflows
     ggml_tensor * s = ggml_sqrt(ctx, ggml_sqrt(ctx, ggml_clamp(ctx, ggml_div(ctx, rq, rk), 1e-12f, 1e12f)));
@@ -269,7 +279,7 @@ static inline ggml_tensor * tq_kbal_store(ggml_context * ctx, ggml_cgraph * gf, 
    coefficients in *coeffs; its SET statistics weigh the tokens by stat_w [1, n_tokens, 1]
    (tq_kmean_stat_weights) where given, else equally. */
 static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor ** q_cur, ggml_tensor * k_cur,
-                                           ggml_tensor * k_mean, int mode, ggml_tensor * map, float kq_scale, bool neox,
+                                           ggml_tensor * k_mean, int mode, ggml_tensor * map, float kq_scale, tq_rf_pairs pr,
                                            ggml_tensor * tab = nullptr, ggml_tensor ** coeffs = nullptr,
                                            ggml_tensor * stat_w = nullptr) {
     if (!k_cur || !k_mean) {
@@ -294,7 +304,7 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
     GGML_ASSERT(q->ne[0] == hd && q->ne[1] % nkv == 0 && q->ne[2] == nt && hd % 2 == 0);
     if (rf && mode == TQ_KMEAN_KEEP) {
         // every decode step: the fused op (the same values as the nodes below)
-        return tq_rf_keep(ctx, q_cur, k_cur, k_mean, tab, bal, neox, coeffs);
+        return tq_rf_keep(ctx, q_cur, k_cur, k_mean, tab, bal, pr, coeffs);
     }
     if (!ggml_is_contiguous(q)) {
         q = ggml_cont(ctx, q);
@@ -307,10 +317,10 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
     if (mode == TQ_KMEAN_SET && rf) {
         GGML_ASSERT(!stat_w || (stat_w->type == GGML_TYPE_F32 && stat_w->ne[0] == 1 && stat_w->ne[1] == nt));
         ggml_tensor * per_tok = stat_w ? stat_w : tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt);
-        m_use = tq_rf_unrope_mean(ctx, k_cur, tab, per_tok, neox);                                      // mu
+        m_use = tq_rf_unrope_mean(ctx, k_cur, tab, per_tok, pr);                                      // mu
         if (bal) {
-            ggml_tensor * resid = ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, neox));
-            s_use = tq_kbal_store(ctx, gf, tq_kbal_scale(ctx, k_cur, q, nullptr, nullptr, per_tok, kq_scale, neox, resid, stat_w), d_st);
+            ggml_tensor * resid = ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, pr));
+            s_use = tq_kbal_store(ctx, gf, tq_kbal_scale(ctx, k_cur, q, nullptr, nullptr, per_tok, kq_scale, pr, resid, stat_w), d_st);
             m_use = ggml_mul(ctx, m_use, s_use);                                                         // mu' = s mu
         }
         ggml_build_forward_expand(gf, ggml_cpy(ctx, m_use, m_st));
@@ -319,7 +329,7 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
         ggml_tensor * kbar = ggml_reshape_2d(ctx, tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, k_cur, n, nt, 1), per_tok), hd, nkv);
         m_use = ggml_mul_mat(ctx, map, kbar);                                                            // F kbar
         if (bal) {
-            s_use = tq_kbal_store(ctx, gf, tq_kbal_scale(ctx, k_cur, q, map, m_use, per_tok, kq_scale, neox, nullptr), d_st);
+            s_use = tq_kbal_store(ctx, gf, tq_kbal_scale(ctx, k_cur, q, map, m_use, per_tok, kq_scale, pr, nullptr), d_st);
             m_use = ggml_mul(ctx, m_use, s_use);
         }
         ggml_build_forward_expand(gf, ggml_cpy(ctx, m_use, m_st));
@@ -331,8 +341,8 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
         k_cur = ggml_mul(ctx, k_cur, ggml_reshape_3d(ctx, s_use, hd, nkv, 1));
     }
     if (rf) {
-        *coeffs = tq_rf_coeffs(ctx, *q_cur, m_use, neox);
-        return ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, neox));
+        *coeffs = tq_rf_coeffs(ctx, *q_cur, m_use, pr);
+        return ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, pr));
     }
     return ggml_sub(ctx, k_cur, ggml_reshape_3d(ctx, m_use, hd, nkv, 1));
 }

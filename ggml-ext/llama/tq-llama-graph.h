@@ -137,6 +137,7 @@ static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf,
         return k_cur;
     }
     const llama_kv_cache * kv = mctx->tq_kv();
+    const tq_rf_pairs pr = { neox, kv->tq_kmean_n_rot(il) }; // partial RoPE: its roped channels
     // one input per cache and graph (an SWA model has two caches)
     tq_kmean_input * in = tq_kmean_input_find(res, kv);
     if (!in) {
@@ -162,7 +163,7 @@ static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf,
             ggml_set_name(in->stat_w, "tq_kmean_stat_w");
             in->stat_skip_first = kv->tq_sink_reads();
         }
-        return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, nullptr, kq_scale, neox, tab, &in->coeffs[il],
+        return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, nullptr, kq_scale, pr, tab, &in->coeffs[il],
                               in->stat_w);
     }
     if (mode == TQ_KMEAN_SET) {
@@ -175,7 +176,7 @@ static inline ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf,
         const int64_t hd = k_cur->ne[0];
         map = ggml_view_2d(ctx, in->map, hd, hd, hd * sizeof(float), (size_t) il * in->map->nb[1]);
     }
-    return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, map, kq_scale, neox);
+    return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, map, kq_scale, pr);
 }
 
 // The patch's call in both build_attn overloads: K mean removal and K/Q balancing where they
@@ -265,7 +266,8 @@ static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, 
         const int64_t hd = (*k)->ne[0];
         ggml_tensor * mu = tq_kmean_view(ctx, k_mean, hd, (*k)->ne[1]);
         ggml_tensor * slots = sink ? ggml_view_1d(ctx, in->cells, n_cells, in->cells->nb[1]) : nullptr;
-        *k = tq_rf_keys(ctx, *k, mu, tab_cells, rot, rope_type != LLAMA_ROPE_TYPE_NORM, llama_mul_mat_hadamard, slots,
+        const tq_rf_pairs pr = { rope_type != LLAMA_ROPE_TYPE_NORM, kv->tq_kmean_n_rot(il) };
+        *k = tq_rf_keys(ctx, *k, mu, tab_cells, rot, pr, llama_mul_mat_hadamard, slots,
                         sink_rows, sink_q);
     } else if (terms) {
         if (in->fa.size() <= (size_t) il) {

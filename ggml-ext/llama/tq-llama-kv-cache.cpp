@@ -130,18 +130,32 @@ void llama_kv_cache::tq_kmean_init(ggml_type type_k) {
     } else if (other) {
         why = "cells shared with another cache";
     } else if (hparams.is_mla()) {
-        why = "MLA";
+        // the cache's K row is [latent | roped part] and V is a view of its latent part: a mean
+        // taken out of K would come out of V too, and attention's output would need the
+        // weighted mean added back after the softmax (and V's up-projection), not a logit term
+        why = "MLA: V is a view of K's latent part, so a K mean would shift V too";
     } else if (hparams.attn_soft_cap) {
         tq_kmean_exact_why = "attention logit soft-capping";
     }
+    // partial RoPE (n_rot < head size: StableLM, Phi, GLM): the roped channels keep the mean
+    // as full RoPE does, the rest a plain one (tq_rf_pairs in tq-kmean-rope.h); that needs
+    // the pairing of a RoPE kind handled here
+    const char * partial = nullptr;
     for (uint32_t il = 0; !why && il < hparams.n_layer_all; ++il) {
         if (!hparams.has_kv(il)) {
             continue;
         }
         if (il < model.layers.size() && model.layers[il].attn_sinks) {
             tq_kmean_exact_why = "learned attention sinks";
-        } else if (hparams.has_rope(il) && hparams.n_rot(il) != hparams.n_embd_head_k(il)) {
-            why = "partial RoPE";
+        }
+        if (hparams.has_rope(il) && hparams.n_rot(il) != hparams.n_embd_head_k(il)) {
+            const uint32_t nr = hparams.n_rot(il), hd = hparams.n_embd_head_k(il);
+            if ((hparams.rope_type != LLAMA_ROPE_TYPE_NORM && hparams.rope_type != LLAMA_ROPE_TYPE_NEOX) || nr % 2 != 0 ||
+                nr > hd || (hd - nr) % 2 != 0) {
+                why = "partial RoPE of a kind whose channel pairs are not handled here (NORM and NEOX are)";
+            } else {
+                partial = "; partial RoPE: the roped channels as with full RoPE, the others a plain mean";
+            }
         }
     }
     const char * frame = tq_llama_k_mean_frame(); // rope, fitted or NULL (checked by the options table)
@@ -163,8 +177,8 @@ void llama_kv_cache::tq_kmean_init(ggml_type type_k) {
                        "turbo K and V run; TQ_K_SINK=0 turns them off)\n", __func__, want_sink ? "on" : "off", src_sink);
     }
     if (tq_kmean) {
-        LLAMA_LOG_INFO("%s: turbo K mean removal: on (%s; softmax-invariant, fitted to RoPE over the cache's positions; "
-                       "--tq-k-mean off turns it off)\n", __func__, src_mean);
+        LLAMA_LOG_INFO("%s: turbo K mean removal: on (%s; softmax-invariant, fitted to RoPE over the cache's positions%s; "
+                       "--tq-k-mean off turns it off)\n", __func__, src_mean, partial ? partial : "");
     } else {
         LLAMA_LOG_INFO("%s: turbo K mean removal: off (%s)\n", __func__, why);
     }
@@ -340,6 +354,11 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
         }
         const int64_t hd = hparams.n_embd_head_k(layer.il);
         std::vector<double> w = tq_kmean_rope_freqs(model, hparams, layer.il, n_pos);
+        if (!w.empty() && (int64_t) w.size() * 2 < hd) {
+            // partial RoPE: the channels past n_rot as pairs of frequency 0 (tq_rf_pairs), whose
+            // table columns are cos 1, sin 0: there the stored key is k - mu, the term q.mu
+            w.resize(hd / 2, 0.0);
+        }
         if ((int64_t) w.size() * 2 != hd) {
             why = "a layer without full RoPE of a handled kind";
         } else if (std::string dev; !tq_fa_terms_on(layer.k, layer.v, hd, hparams.n_head(layer.il),
@@ -447,6 +466,14 @@ void llama_kv_cache::tq_sink_fill_cells(const llama_ubatch & ub, ggml_tensor * d
 int llama_kv_cache::tq_kmean_rope_set(int32_t il) const {
     tq_kmean_rope_setup();
     return il >= 0 && (size_t) il < tq_rf_layer_set.size() ? tq_rf_layer_set[il] : -1;
+}
+
+int64_t llama_kv_cache::tq_kmean_n_rot(int32_t il) const {
+    if (il < 0 || (uint32_t) il >= hparams.n_layer_all || !hparams.has_rope(il) ||
+        hparams.n_rot(il) >= hparams.n_embd_head_k(il)) {
+        return 0;
+    }
+    return hparams.n_rot(il);
 }
 
 int64_t llama_kv_cache::tq_kmean_rope_hd(int set) const {

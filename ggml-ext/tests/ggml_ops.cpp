@@ -319,7 +319,7 @@ extern "C" int tq_test_kmean(char * err_buf, size_t cap) {
         tq_kmean_map(w.data(), hd / 2, hd, false, pos.data(), nt, ident ? nt : 4096, (float *) map->data);
         ggml_cgraph * gf = ggml_new_graph(c.ctx);
         ggml_tensor * q0 = q;
-        ggml_tensor * out = tq_kmean_apply(c.ctx, gf, &q, k, km, mode, mode == TQ_KMEAN_SET ? map : nullptr, 0.125f, false);
+        ggml_tensor * out = tq_kmean_apply(c.ctx, gf, &q, k, km, mode, mode == TQ_KMEAN_SET ? map : nullptr, 0.125f, tq_rf_pairs{ false, 0 });
         if (q != q0) return err.fail("mean removal alone changed q");
         ggml_build_forward_expand(gf, out);
         ggml_graph_compute_with_ctx(c.ctx, gf, 2);
@@ -458,7 +458,14 @@ extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
     Err err{ err_buf, cap };
     const int64_t hd = 64, nkv = 2, g = 3, nq = nkv * g, n = hd * nkv;
     const float kq_scale = 0.125f;
+    for (int64_t nrot : { hd, (int64_t) 16 }) // full RoPE, and partial (tq_rf_pairs)
     for (bool neox : { false, true }) {
+        const tq_rf_pairs pr = { neox, nrot };
+        std::vector<int64_t> partner(hd); // the other channel of each channel's RoPE pair
+        for (int64_t j = 0; j < hd / 2; ++j) {
+            partner[tq_rf_ch(pr, hd, j, 0)] = tq_rf_ch(pr, hd, j, 1);
+            partner[tq_rf_ch(pr, hd, j, 1)] = tq_rf_ch(pr, hd, j, 0);
+        }
         for (int64_t nt : { (int64_t) 40, (int64_t) (TQ_KBAL_QUERIES + 16), (int64_t) 1 }) {
             for (int mode : { TQ_KMEAN_SET, TQ_KMEAN_KEEP, TQ_KMEAN_ZERO }) {
                 Ctx c(64);
@@ -491,7 +498,7 @@ extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
                 for (int64_t i = 0; i < hd; ++i) ((float *) map->data)[i * hd + i] = 1.0f;
                 ggml_cgraph * gf = ggml_new_graph(c.ctx);
                 ggml_tensor * qs = q;
-                ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, mode, mode == TQ_KMEAN_SET ? map : nullptr, kq_scale, neox);
+                ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, mode, mode == TQ_KMEAN_SET ? map : nullptr, kq_scale, pr);
                 ggml_build_forward_expand(gf, qs);
                 ggml_build_forward_expand(gf, ks);
                 ggml_graph_compute_with_ctx(c.ctx, gf, 2);
@@ -577,8 +584,8 @@ extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
                     double e0 = 0, e1 = 0;
                     for (int64_t i = 0; i < hd; ++i) {
                         const int64_t a = h * hd + i;
-                        const int64_t p = h * hd + (neox ? (i < hd / 2 ? i + hd / 2 : i - hd / 2) : (i ^ 1));
-                        if (su[a] != su[p]) return err.fail("neox %d: s differs inside a RoPE pair: %g vs %g", neox, su[a], su[p]);
+                        const int64_t p = h * hd + partner[i];
+                        if (su[a] != su[p]) return err.fail("neox %d nrot %lld: s differs inside a RoPE pair: %g vs %g", neox, (long long) nrot, su[a], su[p]);
                         if (su[a] < 1.0 / TQ_KBAL_MAX * (1 - 1e-6) || su[a] > TQ_KBAL_MAX * (1 + 1e-6)) return err.fail("s %g out of range", su[a]);
                         e0 += rk[a];
                         e1 += su[a] * su[a] * rk[a];
@@ -586,8 +593,7 @@ extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
                     if (std::fabs(e1 - e0) > 1e-3 * e0) return err.fail("neox %d head %lld: |s k|^2 %g, |k|^2 %g", neox, (long long) h, e1, e0);
                     // s^4 ratio between two pairs equals their (tied) energy ratio ratio
                     auto tied = [&](const std::vector<double> & r, int64_t i) {
-                        const int64_t p = neox ? (i < hd / 2 ? i + hd / 2 : i - hd / 2) : (i ^ 1);
-                        return 0.5 * (r[h * hd + i] + r[h * hd + p]);
+                        return 0.5 * (r[h * hd + i] + r[h * hd + partner[i]]);
                     };
                     for (int64_t i = 2; i < hd / 2; i += 5) {
                         const double want = (tied(rq, i) / tied(rk, i)) / (tied(rq, 0) / tied(rk, 0));
@@ -612,7 +618,7 @@ extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
                 for (int64_t t = 0; t < nt; ++t) ((int32_t *) pos->data)[t] = (int32_t) (7 + 13 * t);
                 const int rt = neox ? GGML_ROPE_TYPE_NEOX : 0;
                 auto rope = [&](ggml_tensor * x) {
-                    return ggml_rope_ext(c.ctx, x, pos, nullptr, hd, rt, 0, 10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
+                    return ggml_rope_ext(c.ctx, x, pos, nullptr, (int) nrot, rt, 0, 10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f);
                 };
                 ggml_tensor * sv = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nkv, 1);
                 for (int64_t i = 0; i < n; ++i) ((float *) sv->data)[i] = (float) su[i];
@@ -622,7 +628,7 @@ extern "C" int tq_test_kbal(char * err_buf, size_t cap) {
                 compute(c.ctx, x2);
                 auto v1 = decode(x1), v2 = decode(x2);
                 for (size_t i = 0; i < v1.size(); ++i)
-                    if (std::fabs(v1[i] - v2[i]) > 1e-4 * (1 + std::fabs(v2[i]))) return err.fail("neox %d: rope(s k) != s rope(k) at %zu: %g vs %g", neox, i, v1[i], v2[i]);
+                    if (std::fabs(v1[i] - v2[i]) > 1e-4 * (1 + std::fabs(v2[i]))) return err.fail("neox %d nrot %lld: rope(s k) != s rope(k) at %zu: %g vs %g", neox, (long long) nrot, i, v1[i], v2[i]);
             }
         }
     }
@@ -656,11 +662,12 @@ extern "C" size_t tq_ggml_row_size(int t, int64_t n) {
 // the term carried on the mask, against f32 K = decoded + R_p mu' (mu' from kmd) with the
 // plain mask. Inputs as the test has them: ko [hd, nkv, nt], qo and A [hd, nq, nt], the cells'
 // positions pos and the RoPE frequencies w (for P and U, tq-fa-term.h).
-static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const float * qo, const float * A,
+static int kmean_rope_fa(Err & err, Ctx & c, tq_rf_pairs pr, const float * ko, const float * qo, const float * A,
                          ggml_tensor * tab, const float * kmd, int64_t hd, int64_t nkv, int64_t nq, int64_t nt,
                          float kq_scale, const std::vector<int64_t> & pos, const std::vector<double> & w) {
     const int64_t half = hd / 2;
-    auto ch = [&](int64_t i, int ab) { return neox ? i + ab * half : 2 * i + ab; };
+    const bool neox = pr.neox;
+    auto ch = [&](int64_t i, int ab) { return tq_rf_ch(pr, hd, i, ab); };
     std::vector<float> kst(hd * nt * nkv), qf(hd * nt * nq);
     for (int64_t t = 0; t < nt; ++t) {
         for (int64_t h = 0; h < nkv; ++h) memcpy(&kst[(h * nt + t) * hd], &ko[(t * nkv + h) * hd], hd * sizeof(float));
@@ -737,8 +744,9 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
         // measured: at most 4.7e-6 against the reference, at least 0.78 without the term
         if (worst > 2e-5 || off_plain < 0.1) {
             tq_ggml_set_fa_tile(was_tile);
-            return err.fail("FA term (tile %d, neox %d, nt %lld, softcap %g, sinks %d): vs f32 keys + R_p mu' %g (want <= 2e-5); "
-                            "without the term %g (want >= 0.1)", tile, neox, (long long) nt, softcap, use_sinks, worst, off_plain);
+            return err.fail("FA term (tile %d, neox %d, nrot %lld, nt %lld, softcap %g, sinks %d): vs f32 keys + R_p mu' %g (want <= 2e-5); "
+                            "without the term %g (want >= 0.1)", tile, neox, (long long) tq_rf_nrot(pr, hd), (long long) nt, softcap,
+                            use_sinks, worst, off_plain);
         }
     }
     if (variant != 0) continue;
@@ -764,22 +772,32 @@ static int kmean_rope_fa(Err & err, Ctx & c, bool neox, const float * ko, const 
 // constant) through both ways the term goes back, the per-head mask and the f32 keys;
 // (2) SET takes the common component out at every position: the stored keys keep about the
 // noise's share of the raw keys' energy, which a fixed vector cannot reach at these positions.
+// Partial RoPE (n_rot 16 and 32 of a 64-wide head, StableLM's and Phi's shape): the keys are
+// roped by ggml_rope_ext itself with n_dims = n_rot, so (2) also proves that tq_rf_pairs pairs
+// the channels as llama's rope turns them, and the channels past n_rot (frequency 0 in the
+// table) carry a plain mean whose q.mu the term adds back: (1) and (3) hold exactly there too,
+// (3) with the soft cap and with learned sinks.
 extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
     Err err{ err_buf, cap };
     const int64_t hd = 64, half = hd / 2, nkv = 2, g = 3, nq = nkv * g, n = hd * nkv;
     const float kq_scale = 0.125f;
-    std::vector<double> w(half);
-    for (int64_t i = 0; i < half; ++i) w[i] = std::pow(10000.0, -2.0 * i / hd);
+    for (int64_t nrot : { hd, (int64_t) 16, (int64_t) 32 })
     for (bool neox : { false, true })
     for (bool bal : { false, true })
     for (int mode : { TQ_KMEAN_SET, TQ_KMEAN_KEEP })
     for (int64_t nt : { (int64_t) 40, (int64_t) 2 })
     for (bool consecutive : { false, true }) { // scattered positions, or one sequence's run
         if (mode == TQ_KMEAN_SET && nt < TQ_KMEAN_MIN_TOKENS) continue;
+        const bool partial = nrot < hd;
         Ctx c(64);
         std::vector<int64_t> pos(nt);
         for (int64_t t = 0; t < nt; ++t) pos[t] = consecutive ? 4000 + t : 5 + 97 * t + (t * t) % 13;
-        auto ch = [&](int64_t i, int ab) { return neox ? i + ab * half : 2 * i + ab; };
+        const tq_rf_pairs pr = { neox, partial ? nrot : 0 };
+        auto ch = [&](int64_t i, int ab) { return tq_rf_ch(pr, hd, i, ab); };
+        // RoPE's angular frequencies as the host's table has them: ggml's theta_scale^i over the
+        // roped pairs, 0 past n_rot (tq_kmean_rope_setup)
+        std::vector<double> w(half, 0.0);
+        for (int64_t i = 0; i < nrot / 2; ++i) w[i] = std::pow(10000.0, -2.0 * i / nrot);
         // pre-RoPE keys mu0 + N(0, 1), |mu0_c| = 3, roped to their positions
         const std::vector<float> noise = gaussian(n * nt, 41), qv = gaussian(hd * nq * nt, 42);
         std::vector<float> kv(n * nt);
@@ -791,10 +809,25 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
                     const double a = x[ch(i, 0)] + 3.0 * (((i + h) % 2) ? 1 : -1), b = x[ch(i, 1)] + 3.0;
                     const double cs = std::cos(pos[t] * w[i]), sn = std::sin(pos[t] * w[i]);
                     float * k = &kv[(t * nkv + h) * hd];
-                    k[ch(i, 0)] = (float) (cs * a - sn * b);
-                    k[ch(i, 1)] = (float) (sn * a + cs * b);
+                    if (partial) { // pre-RoPE here; ggml_rope_ext below
+                        k[ch(i, 0)] = (float) a;
+                        k[ch(i, 1)] = (float) b;
+                    } else {
+                        k[ch(i, 0)] = (float) (cs * a - sn * b);
+                        k[ch(i, 1)] = (float) (sn * a + cs * b);
+                    }
                     e_raw += a * a + b * b;
                 }
+        if (partial) {
+            ggml_tensor * kpre = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nkv, nt);
+            ggml_tensor * pt = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt);
+            fill(kpre, kv);
+            for (int64_t t = 0; t < nt; ++t) ((int32_t *) pt->data)[t] = (int32_t) pos[t];
+            ggml_tensor * kr = ggml_rope_ext(c.ctx, kpre, pt, nullptr, (int) nrot, neox ? GGML_ROPE_TYPE_NEOX : 0, 0, 10000.0f,
+                                             1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+            compute(c.ctx, kr);
+            kv = decode(kr);
+        }
         ggml_tensor * k = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nkv, nt);
         ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nq, nt);
         ggml_tensor * tab = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, nt); // tokens = cells here
@@ -815,13 +848,13 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
                 for (int64_t i = 0; i < half; ++i) kmd[n + h * hd + ch(i, 0)] = kmd[n + h * hd + ch(i, 1)] = s0[h * hd + i];
         ggml_cgraph * gf = ggml_new_graph(c.ctx);
         ggml_tensor * qs = q, * A = nullptr;
-        ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, mode, nullptr, kq_scale, neox, tab, &A);
+        ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, mode, nullptr, kq_scale, pr, tab, &A);
         if (!A) return err.fail("neox %d bal %d mode %d: no coefficients", neox, bal, mode);
         ggml_tensor * mask = ggml_new_tensor_4d(c.ctx, GGML_TYPE_F32, nt, nt, 1, 1);
         memset(mask->data, 0, ggml_nbytes(mask));
         ggml_tensor * bias = tq_rf_mask(c.ctx, mask, A, tab, 1.0f);
         ggml_tensor * kfull = tq_rf_keys(c.ctx, ggml_reshape_4d(c.ctx, ks, hd, nkv, nt, 1), tq_kmean_view(c.ctx, km, hd, nkv), tab,
-                                         nullptr, neox, nullptr);
+                                         nullptr, pr, nullptr);
         ggml_build_forward_expand(gf, qs);
         ggml_build_forward_expand(gf, ks);
         ggml_build_forward_expand(gf, bias);
@@ -844,8 +877,8 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
                     }
                     const double via_mask = st + bo[(h * nt + t) * nt + j];
                     if (std::fabs(via_mask - want) > 1e-5 * sc || std::fabs(full - want) > 1e-5 * sc)
-                        return err.fail("neox %d bal %d mode %d nt %lld: logit q%lld.k%lld head %lld %g, via mask %g, via keys %g",
-                                        neox, bal, mode, (long long) nt, (long long) t, (long long) j, (long long) h, want,
+                        return err.fail("neox %d nrot %lld bal %d mode %d nt %lld: logit q%lld.k%lld head %lld %g, via mask %g, via keys %g",
+                                        neox, (long long) nrot, bal, mode, (long long) nt, (long long) t, (long long) j, (long long) h, want,
                                         via_mask, full);
                 }
         // (2) SET: the stored keys (divided by s) keep the noise's share of the energy, 1/10
@@ -857,11 +890,11 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
                     const double s = bal ? 1.0 + kmd[n + i] : 1.0, x = ko[t * n + i] / s;
                     e_st += x * x;
                 }
-            if (e_st / e_raw > 0.105) return err.fail("neox %d bal %d: stored energy %.4f of the raw keys', want <= 0.105", neox, bal, e_st / e_raw);
+            if (e_st / e_raw > 0.105) return err.fail("neox %d nrot %lld bal %d: stored energy %.4f of the raw keys', want <= 0.105", neox, (long long) nrot, bal, e_st / e_raw);
         }
         // (3) the turbo flash-attention tiles with the term (tq-fa-term.h), every tile path,
         //     equal flash attention over f32 keys decoded + R_p mu'
-        if (int fail = kmean_rope_fa(err, c, neox, ko, qo, (const float *) A->data, tab, kmd, hd, nkv, nq, nt, kq_scale, pos, w)) {
+        if (int fail = kmean_rope_fa(err, c, pr, ko, qo, (const float *) A->data, tab, kmd, hd, nkv, nq, nt, kq_scale, pos, w)) {
             return fail;
         }
     }
@@ -893,7 +926,8 @@ extern "C" int tq_test_kmean_stat_w(char * err_buf, size_t cap) {
     std::vector<double> fr(half);
     for (int64_t i = 0; i < half; ++i) fr[i] = std::pow(10000.0, -2.0 * i / hd);
     for (bool neox : { false, true }) {
-        auto ch = [&](int64_t i, int ab) { return neox ? i + ab * half : 2 * i + ab; };
+        const tq_rf_pairs pr = { neox, 0 };
+        auto ch = [&](int64_t i, int ab) { return tq_rf_ch(pr, hd, i, ab); };
         std::vector<float> base = gaussian(n * nt, 51), qv = gaussian(hd * nq * nt, 52);
         for (int64_t i = 0; i < n * nt; ++i) base[i] += 2.0f;
         // the reference: the mean of R_p^-1 k_p over tokens 1..nt-1 (positions = token index)
@@ -930,7 +964,7 @@ extern "C" int tq_test_kmean_stat_w(char * err_buf, size_t cap) {
             memset(km->data, 0, ggml_nbytes(km));
             ggml_cgraph * gf = ggml_new_graph(c.ctx);
             ggml_tensor * qs = q, * A = nullptr;
-            ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, TQ_KMEAN_SET, nullptr, 0.125f, neox, tab, &A, sw);
+            ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, TQ_KMEAN_SET, nullptr, 0.125f, pr, tab, &A, sw);
             ggml_build_forward_expand(gf, ks);
             ggml_build_forward_expand(gf, qs);
             ggml_graph_compute_with_ctx(c.ctx, gf, 2);
