@@ -7,7 +7,7 @@
  * the same for every cell) shifts every logit of a query by -q.m, so attention is exactly
  * unchanged. Keys share a large common component; the codec's error is proportional to
  * |k|, so taking that component out before quantizing cuts the error on the part of k that
- * softmax actually sees (docs/BENCHMARKS.md has the measurements).
+ * softmax actually sees (docs/JOURNAL.md has the measurements).
  *
  * Which m: keys are stored after RoPE, which turns channel pair i of the key at position p
  * by p * w_i. A common pre-RoPE component mu therefore shows up at position p as
@@ -73,7 +73,7 @@
 #define TQ_KMEAN_MIN_TOKENS 32
 /* The same with the first keys kept exact, counting the tokens not at position 0 (the sink
    that needed the 32 is left out): measured on two models, statistics from this few tokens
-   still beat none by far (docs/BENCHMARKS.md). */
+   still beat none by far (docs/JOURNAL.md). */
 #define TQ_KMEAN_MIN_TOKENS_SKIP 2
 
 /* The weights of a SET ubatch's tokens in its statistics (the mean, the query energy and the
@@ -81,7 +81,7 @@
    first keys kept exact (tq-sink.h: skip_first) a token at position 0 counts 0: its key is
    not quantized, so its error costs nothing, and being the attention sink it would otherwise
    draw the mean and the balancing towards its own channel profile, which the quantized keys
-   do not share (docs/BENCHMARKS.md). If no token counts, all do. */
+   do not share (docs/JOURNAL.md). If no token counts, all do. */
 static inline void tq_kmean_stat_weights(const int32_t * pos, int64_t n, bool skip_first, float * dst) {
     int64_t used = 0;
     for (int64_t j = 0; j < n; ++j) {
