@@ -86,8 +86,7 @@ fn vulkan_device_takes_the_turbo_ops_it_has_shaders_for() {
     let name = CString::new("Vulkan").unwrap();
     let mut buf = [0 as c_char; 512];
     // 1: turbo2/3/4 taken except MUL_MAT, the trellis types refused (lavapipe has shaderFloat64)
-    let rc =
-        unsafe { tq_test_backend_turbo_ops(name.as_ptr(), 0, 1, buf.as_mut_ptr(), buf.len()) };
+    let rc = unsafe { tq_test_backend_turbo_ops(name.as_ptr(), 0, 1, buf.as_mut_ptr(), buf.len()) };
     let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
     assert_eq!(rc, 0, "{msg}");
 }
@@ -99,8 +98,7 @@ fn vulkan_turbo_encode_and_decode_are_the_rust_codecs() {
     }
     let name = CString::new("Vulkan").unwrap();
     let mut buf = [0 as c_char; 512];
-    let rc =
-        unsafe { tq_test_backend_turbo_bytes(name.as_ptr(), 0, buf.as_mut_ptr(), buf.len()) };
+    let rc = unsafe { tq_test_backend_turbo_bytes(name.as_ptr(), 0, buf.as_mut_ptr(), buf.len()) };
     let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
     assert_eq!(rc, 0, "{msg}");
 }
@@ -113,15 +111,27 @@ fn test_backend_ops() -> PathBuf {
         let release = bin("llama-perplexity").parent().unwrap().to_path_buf();
         let dir = release.parent().unwrap().join("llama.cpp-build-vulkan");
         let lib = release.join("libturboquant_capi.a");
-        assert!(lib.exists(), "no {}: cargo build --release --features vulkan first", lib.display());
+        assert!(
+            lib.exists(),
+            "no {}: cargo build --release --features vulkan first",
+            lib.display()
+        );
         let mut cfg = Command::new("cmake");
-        cfg.arg(&dir).arg("-DLLAMA_BUILD_TESTS=ON").arg(format!("-DTQ_RUST_LIB={}", lib.display()));
+        cfg.arg(&dir)
+            .arg("-DLLAMA_BUILD_TESTS=ON")
+            .arg(format!("-DTQ_RUST_LIB={}", lib.display()));
         let o = run_for(&mut cfg, 600);
         assert!(o.status.success(), "cmake configure failed:\n{}", text(&o));
         let mut b = Command::new("cmake");
-        b.arg("--build").arg(&dir).args(["--target", "test-backend-ops", "-j", "2"]);
+        b.arg("--build")
+            .arg(&dir)
+            .args(["--target", "test-backend-ops", "-j", "2"]);
         let o = run_for(&mut b, 1800);
-        assert!(o.status.success(), "building test-backend-ops failed:\n{}", text(&o));
+        assert!(
+            o.status.success(),
+            "building test-backend-ops failed:\n{}",
+            text(&o)
+        );
         dir.join("bin/test-backend-ops")
     })
     .clone()
@@ -135,8 +145,15 @@ fn backend_ops(ops: &str, filter: &str) -> (usize, usize) {
     cmd.env("GGML_VK_VISIBLE_DEVICES", visible_devices());
     let o = run_for(&mut cmd, 900);
     let out = text(&o);
-    assert!(o.status.success(), "test-backend-ops -o {ops} -p {filter} failed ({}):\n{out}", o.status);
-    assert!(!out.contains("FAIL"), "test-backend-ops -o {ops} -p {filter}:\n{out}");
+    assert!(
+        o.status.success(),
+        "test-backend-ops -o {ops} -p {filter} failed ({}):\n{out}",
+        o.status
+    );
+    assert!(
+        !out.contains("FAIL"),
+        "test-backend-ops -o {ops} -p {filter}:\n{out}"
+    );
     let line = out
         .lines()
         .find(|l| l.contains("tests passed") && l.contains('/'))
@@ -177,10 +194,15 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
     let mut fa = 0;
     for hs in [64, 128, 256] {
         for (k, v) in FA_PAIRS {
-            let (passed, supported) =
-                backend_ops("FLASH_ATTN_EXT", &format!("hsk={hs},.*type_K={k},type_V={v},"));
+            let (passed, supported) = backend_ops(
+                "FLASH_ATTN_EXT",
+                &format!("hsk={hs},.*type_K={k},type_V={v},"),
+            );
             assert_eq!(passed, supported, "hs {hs} {k}/{v}");
-            assert!(supported >= 2, "hs {hs} {k}/{v}: only {supported} cases ran");
+            assert!(
+                supported >= 2,
+                "hs {hs} {k}/{v}: only {supported} cases ran"
+            );
             fa += supported;
         }
     }

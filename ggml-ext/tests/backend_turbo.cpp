@@ -166,11 +166,15 @@ extern "C" int tq_test_backend_turbo_bytes(const char * reg_name, int index, cha
     const int64_t d = 256;
     int64_t n = 0;
     const std::vector<float> x = edge_rows(d, n);
-    const int64_t n_cells = n + 3;
+    // n rows into n_cells cells, scattered: i -> (5 i + 2) mod n_cells, distinct cells since
+    // n_cells is prime (two rows into one cell would make the order of the writes matter)
+    int64_t n_cells = n + 3;
+    auto prime = [](int64_t p) { for (int64_t q = 2; q * q <= p; ++q) if (p % q == 0) return false; return true; };
+    while (!prime(n_cells) || n_cells % 5 == 0) ++n_cells;
     std::vector<int64_t> slot(n);
     std::vector<int32_t> slot32(n);
     for (int64_t i = 0; i < n; ++i) {
-        slot[i] = (i * 5 + 2) % n_cells; // scattered, n_cells does not divide 5
+        slot[i] = (i * 5 + 2) % n_cells;
         slot32[i] = (int32_t) slot[i];
     }
     for (ggml_type t : { GGML_TYPE_TURBO2, GGML_TYPE_TURBO3, GGML_TYPE_TURBO4 }) {
@@ -214,6 +218,7 @@ extern "C" int tq_test_backend_turbo_bytes(const char * reg_name, int index, cha
         ggml_backend_tensor_set(idx32, slot32.data(), 0, ggml_nbytes(idx32));
         std::vector<uint8_t> zeros(ggml_nbytes(cache), 0);
         ggml_backend_tensor_set(cache, zeros.data(), 0, zeros.size());
+        // one graph, as llama's: the reads come after the writes they depend on
         ggml_cgraph * gf = ggml_new_graph(b.ctx);
         ggml_build_forward_expand(gf, got);
         ggml_build_forward_expand(gf, back);
@@ -238,9 +243,12 @@ extern "C" int tq_test_backend_turbo_bytes(const char * reg_name, int index, cha
         for (ggml_tensor * out : { got, back }) {
             std::vector<float> have(n * d);
             ggml_backend_tensor_get(out, have.data(), 0, ggml_nbytes(out));
-            if (memcmp(have.data(), want_x.data(), have.size() * sizeof(float)) != 0) {
-                return err.fail("%s %s from %s: the floats differ from tq_dequantize's",
-                                ggml_backend_dev_name(dev), ggml_op_desc(out), ggml_type_name(t));
+            for (size_t j = 0; j < have.size(); ++j) {
+                if (memcmp(&have[j], &want_x[j], sizeof(float)) != 0) {
+                    return err.fail("%s %s from %s: value %zu (row %zu) is %a, tq_dequantize's %a",
+                                    ggml_backend_dev_name(dev), ggml_op_desc(out), ggml_type_name(t), j,
+                                    j / (size_t) d, (double) have[j], (double) want_x[j]);
+                }
             }
         }
     }
