@@ -346,8 +346,9 @@ fn patch_hooks_every_cuda_table() {
 }
 
 /// The decode-kernel selector (TQ_CUDA_FA in tq-fattn.cuh): read in one place, once per
-/// process (a function-local static), both kernels handed out by the one lookup the patch
-/// hooks, an unknown value an abort naming it, and the GQA kernel instantiated for every
+/// process (a function-local static) through the switches table's parser (an unknown value
+/// stops the process with the table's message), both kernels handed out by the one lookup the
+/// patch hooks, and the GQA kernel instantiated for every
 /// pair and head size the vector kernel is.
 #[test]
 fn decode_kernel_selector() {
@@ -364,37 +365,35 @@ fn decode_kernel_selector() {
     .iter()
     .map(|f| read(&format!("ggml-ext/ggml-cuda/{f}")))
     .collect();
+    // TQ_CUDA_FA is a row of the switches table (ggml-ext/ggml/tq-switches.def), read by
+    // the table's parser, which stops the process with the table's message on a value it
+    // does not know (tests/switches.rs runs that parser on every row)
     assert_eq!(
-        all.matches("getenv(\"TQ_CUDA_FA\")").count(),
+        all.matches("tq_switch_get(TQ_SW_CUDA_FA)").count(),
         1,
-        "TQ_CUDA_FA is read in one place"
+        "TQ_CUDA_FA is read in one place, through the table's parser"
+    );
+    assert!(
+        !all.contains("getenv(\"TQ_CUDA_FA\")"),
+        "no reader of its own"
     );
     let sel = &fattn[fattn
         .find("inline tq_cuda_fa_kernel tq_cuda_fa_selected()")
         .expect("tq_cuda_fa_selected")..];
     let sel = &sel[..sel.find("\n}\n").unwrap()];
     assert!(sel.contains("static const tq_cuda_fa_kernel kernel = [")
-        && sel.contains("getenv(\"TQ_CUDA_FA\")")
+        && sel.contains("tq_switch_get(TQ_SW_CUDA_FA)")
         && sel.contains("GGML_LOG_INFO(\"turboquant: CUDA flash-attention decode kernel for turbo K/V: %s"),
         "read once (function-local static) and logged once, in the form the GPU scripts grep for:\n{sel}");
-    let parse = &fattn[fattn
-        .find("tq_cuda_fa_parse(const char * s)")
-        .expect("tq_cuda_fa_parse")..];
-    let parse = &parse[..parse.find("\n}\n").unwrap()];
-    for want in [
-        "strcmp(s, \"gqa\") == 0",
-        "strcmp(s, \"vec\") == 0",
-        "GGML_ABORT(\"turboquant: TQ_CUDA_FA=%s is not",
-    ] {
-        assert!(
-            parse.contains(want),
-            "tq_cuda_fa_parse lacks {want}:\n{parse}"
-        );
-    }
-    // The last statement is the abort: no value falls through to a kernel silently.
+    // the enum follows the row's value order ("gqa|vec")
     assert!(
-        parse.trim_end().ends_with(");") && parse.lines().last().unwrap().contains("GGML_ABORT"),
-        "{parse}"
+        fattn.contains("enum tq_cuda_fa_kernel { TQ_CUDA_FA_GQA = 0, TQ_CUDA_FA_VEC = 1 };"),
+        "tq_cuda_fa_kernel's values are the row's indices"
+    );
+    let row = turboquant_codec::switches::ggml_row("TQ_CUDA_FA");
+    assert_eq!(
+        row.values,
+        [vec!["gqa".to_string()], vec!["vec".to_string()]]
     );
     let case = &fattn[fattn
         .find("#define TQ_FATTN_VEC_CASE_D(D, K, V)")

@@ -101,12 +101,20 @@ fn an_unknown_value_is_refused_naming_the_valid_ones() {
         "turboquant: --tq-k-mean-frame=sideways: unknown value; valid: rope, fitted",
     );
     // environment variables: the context is not created; environment-only switches too
-    // (TQ_CUDA_FA used to abort at the first CUDA decode, TQ_FA_TILE=3 meant 2)
+    // (TQ_CUDA_FA used to abort at the first CUDA decode, TQ_FA_TILE=3 meant 2; outside
+    // llama each reader refuses them itself: tests/switches.rs)
     for (var, val, valid) in [
         ("TQ_K_MEAN_FRAME", "sideways", "valid: rope, fitted"),
         ("TQ_K_SINK", "maybe", ON_OFF),
         ("TQ_CUDA_FA", "fast", "valid: gqa, vec"),
         ("TQ_FA_TILE", "3", "valid: 0, 1, 2"),
+        ("TQ_PREFILL_DECODE", "off", "valid: 0, 1"),
+        ("TQ_ROWS_THREADS", "2", "valid: 0, 1"),
+        (
+            "TQ_SIMD",
+            "AVX2",
+            "valid: auto, scalar, avx2, avx512, none, 0",
+        ),
     ] {
         let o = tool(
             "llama-perplexity",

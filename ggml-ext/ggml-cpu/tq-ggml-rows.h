@@ -13,12 +13,11 @@
    independent (each thread writes its own cache rows, with its own encoder scratch), and a
    trellis row is a Viterbi search per block (docs/TCQ.md), so prefill would otherwise wait
    on one core for every K and V write. TQ_ROWS_THREADS=0 restores upstream's one thread
-   (for measuring the difference). */
+   (for measuring the difference; tq-switches.def). */
 static inline int tq_ggml_rows_n_tasks(const struct ggml_tensor *node, int n_threads) {
     static int on = -1; /* racy first read is benign: every thread computes the same value */
     if (on < 0) {
-        const char *e = getenv("TQ_ROWS_THREADS");
-        on = !(e && strcmp(e, "0") == 0);
+        on = tq_switch_get(TQ_SW_ROWS_THREADS); /* "0|1" */
     }
     return on && node->op == GGML_OP_SET_ROWS && TQ_GGML_IS_TURBO(node->type) ? n_threads : 1;
 }

@@ -153,25 +153,16 @@ void tq_fattn_gqa_case(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 
 // Which decode kernel the turbo pairs get: TQ_CUDA_FA=gqa (default: tq-fattn-gqa.cuh, each
 // K/V row decoded once for all the Q heads sharing it) or TQ_CUDA_FA=vec (upstream's vector
-// kernel with the hooks above, one Q head per block), for A/B. Read once per process, at the
-// first lookup of a turbo pair, and logged once; any other value aborts, so a typo never
-// measures the wrong kernel.
-enum tq_cuda_fa_kernel { TQ_CUDA_FA_VEC, TQ_CUDA_FA_GQA };
-
-static inline tq_cuda_fa_kernel tq_cuda_fa_parse(const char * s) {
-    if (s == nullptr || *s == '\0' || strcmp(s, "gqa") == 0) {
-        return TQ_CUDA_FA_GQA;
-    }
-    if (strcmp(s, "vec") == 0) {
-        return TQ_CUDA_FA_VEC;
-    }
-    GGML_ABORT("turboquant: TQ_CUDA_FA=%s is not a flash-attention decode kernel (use gqa or vec)", s);
-}
+// kernel with the hooks above, one Q head per block), for A/B. A row of tq-switches.def, read
+// once per process by the table's parser (tq_switch_get), at the first lookup of a turbo pair,
+// and logged once; any other value stops the process with the table's message, so a typo
+// never measures the wrong kernel.
+enum tq_cuda_fa_kernel { TQ_CUDA_FA_GQA = 0, TQ_CUDA_FA_VEC = 1 }; // the row's value indices
 
 inline tq_cuda_fa_kernel tq_cuda_fa_selected() {
     static const tq_cuda_fa_kernel kernel = [] {
-        const char * s = getenv("TQ_CUDA_FA");
-        const tq_cuda_fa_kernel k = tq_cuda_fa_parse(s);
+        const tq_cuda_fa_kernel k = (tq_cuda_fa_kernel) tq_switch_get(TQ_SW_CUDA_FA);
+        const char * s = getenv(tq_switch_info(TQ_SW_CUDA_FA)->env);
         GGML_LOG_INFO("turboquant: CUDA flash-attention decode kernel for turbo K/V: %s (%s)\n",
                       k == TQ_CUDA_FA_GQA ? "gqa" : "vec", s && *s ? "TQ_CUDA_FA" : "default; TQ_CUDA_FA=vec|gqa");
         return k;

@@ -16,6 +16,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 #include "turboquant.h"
+#include "tq-switch.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -102,16 +103,15 @@ static inline tq_ggml_mad_t tq_ggml_mad_fn(int ggml_type) {
    TQ_PREFILL_DECODE_MIN_TOKENS queries over a host-resident turbo cache, llama's graph
    decodes K and V to f32 once per layer (a transient compute buffer of n_kv x heads x
    head_dim x 8 bytes) and runs the tiled kernel. One-token decode never pays it.
-   TQ_PREFILL_DECODE=0 in the environment turns it off; it is read once (the first graph
-   built), not per layer or per graph. A cache behind RPC takes it too: the server runs the
-   same two standard ops (CPY to f32, flash attention), so a model gives the same logits
-   there as on this machine's CPU. Other devices keep their own kernels. */
+   TQ_PREFILL_DECODE=0 in the environment turns it off (tq-switches.def); it is read once
+   (the first graph built), not per layer or per graph. A cache behind RPC takes it too: the
+   server runs the same two standard ops (CPY to f32, flash attention), so a model gives the
+   same logits there as on this machine's CPU. Other devices keep their own kernels. */
 #define TQ_PREFILL_DECODE_MIN_TOKENS 64
 static inline int tq_ggml_prefill_decode_enabled(void) {
     static int on = -1; /* benign race: every thread reads the same environment */
     if (on < 0) {
-        const char *env = getenv("TQ_PREFILL_DECODE");
-        on = !(env && env[0] == '0');
+        on = tq_switch_get(TQ_SW_PREFILL_DECODE); /* "0|1" */
     }
     return on;
 }

@@ -1,6 +1,8 @@
-/* tq-options.h - turboquant's options table (tq-options.def) as C: the row of each switch,
- * the one parser of its values and the one message for a value it does not know. C and
- * C++ (libllama, common, and ggml's C code can read a switch through it too).
+/* tq-options.h - turboquant's options table (tq-options.def, which ends with ggml's own
+ * switches, ggml-ext/ggml/tq-switches.def) as C: the row of each switch, and the one parser
+ * of its values and the one message for a value it does not know, which are ggml's
+ * (tq-switch.h): every switch, llama's and ggml's, goes through the same functions. C and
+ * C++ (libllama, common).
  *
  *   tq_opt_parse(id, s)        the index of value s (aliases included), or -1
  *   tq_opt_env(id, &s)         the environment alias: an index, TQ_OPT_UNSET (unset or
@@ -11,38 +13,17 @@
  */
 #pragma once
 
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "tq-switch.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-enum tq_changes { TQ_CHANGES_NO = 0, TQ_CHANGES_ROUNDING = 1, TQ_CHANGES_YES = 2 };
-enum tq_read { TQ_READ_CONTEXT = 0, TQ_READ_PROCESS = 1 };
 
 enum tq_opt {
 #define TQ_OPTION(id, ...) TQ_OPT_##id,
 #include "tq-options.def"
 #undef TQ_OPTION
     TQ_OPT_COUNT
-};
-
-#define TQ_OPT_UNSET (-2)
-
-struct tq_opt_row {
-    const char * name;
-    const char * flag;   /* NULL: environment only */
-    const char * env;
-    const char * field;  /* llama_context_params member, or NULL */
-    const char * values; /* "a=alias|b|c" */
-    const char * def;
-    int results;         /* enum tq_changes */
-    int state;
-    int read;            /* enum tq_read */
-    const char * help;
 };
 
 static inline const struct tq_opt_row * tq_opt_info(enum tq_opt id) {
@@ -60,84 +41,24 @@ static inline const struct tq_opt_row * tq_opt_info(enum tq_opt id) {
     return &rows[(unsigned) id < TQ_OPT_COUNT ? (int) id : TQ_OPT_COUNT];
 }
 
-/* The spelling `alias` (0: the value's name, 1..: its aliases) of value `index`, as a pointer
-   into the table and a length; NULL when there is none. */
 static inline const char * tq_opt_spelling(enum tq_opt id, int index, int alias, size_t * len) {
-    const char * p = tq_opt_info(id)->values;
-    for (int i = 0; i < index; ++i) {
-        p = strchr(p, '|');
-        if (!p) return NULL;
-        ++p;
-    }
-    const size_t seg = strcspn(p, "|");
-    const char * end = p + seg;
-    for (int a = 0; a < alias; ++a) {
-        const char * q = (const char *) memchr(p, '=', (size_t) (end - p));
-        if (!q) return NULL;
-        p = q + 1;
-    }
-    *len = strcspn(p, "=|");
-    return p;
+    return tq_row_spelling(tq_opt_info(id), index, alias, len);
 }
 
-static inline int tq_opt_n_values(enum tq_opt id) {
-    size_t len;
-    int n = 0;
-    while (tq_opt_spelling(id, n, 0, &len)) ++n;
-    return n;
-}
+static inline int tq_opt_n_values(enum tq_opt id) { return tq_row_n_values(tq_opt_info(id)); }
 
 /* The index of value s (its name or an alias), or -1. */
-static inline int tq_opt_parse(enum tq_opt id, const char * s) {
-    const size_t n = s ? strlen(s) : 0;
-    for (int i = 0;; ++i) {
-        size_t len;
-        if (!tq_opt_spelling(id, i, 0, &len)) return -1;
-        for (int a = 0;; ++a) {
-            const char * p = tq_opt_spelling(id, i, a, &len);
-            if (!p) break;
-            if (s && len == n && memcmp(p, s, n) == 0) return i;
-        }
-    }
-}
+static inline int tq_opt_parse(enum tq_opt id, const char * s) { return tq_row_parse(tq_opt_info(id), s); }
 
 static inline int tq_opt_default(enum tq_opt id) { return tq_opt_parse(id, tq_opt_info(id)->def); }
 
 /* The environment alias: the index of its value, TQ_OPT_UNSET where it is unset or empty,
    or -1 where it names no value (*raw: what it says, NULL when unset). */
-static inline int tq_opt_env(enum tq_opt id, const char ** raw) {
-    const char * e = getenv(tq_opt_info(id)->env);
-    if (raw) *raw = e;
-    if (!e || !*e) return TQ_OPT_UNSET;
-    return tq_opt_parse(id, e);
-}
+static inline int tq_opt_env(enum tq_opt id, const char ** raw) { return tq_row_env(tq_opt_info(id), raw); }
 
-/* "a, b, c": every spelling, the values' names first, then their aliases in turn. */
-static inline void tq_opt_valid(enum tq_opt id, char * buf, size_t n) {
-    size_t at = 0;
-    if (n) buf[0] = '\0';
-    for (int a = 0;; ++a) {
-        int any = 0;
-        for (int i = 0;; ++i) {
-            size_t len;
-            if (!tq_opt_spelling(id, i, 0, &len)) break;
-            const char * p = tq_opt_spelling(id, i, a, &len);
-            if (!p) continue;
-            any = 1;
-            if (at < n) {
-                at += (size_t) snprintf(buf + at, n - at, "%s%.*s", at ? ", " : "", (int) len, p);
-            }
-        }
-        if (!any) break;
-    }
-}
-
-/* The one message for a value no parser knows: what is the flag, the environment variable
-   or the context field that said it. */
+/* The one message for a value no parser knows (tq_row_unknown). */
 static inline void tq_opt_unknown(enum tq_opt id, const char * what, const char * value, char * buf, size_t n) {
-    char valid[256];
-    tq_opt_valid(id, valid, sizeof valid);
-    snprintf(buf, n, "turboquant: %s=%s: unknown value; valid: %s", what, value ? value : "", valid);
+    tq_row_unknown(tq_opt_info(id), what, value, buf, n);
 }
 
 #ifdef __cplusplus

@@ -72,8 +72,7 @@ extern "C" int tq_test_set_get_rows(char * err_buf, size_t cap) {
         memcpy(idx->data, slots, sizeof(slots));
         ggml_tensor * set = ggml_set_rows(c.ctx, cache, src, idx);
         // the write runs on both threads (upstream: one), each thread on its own rows
-        const char * rows_env = getenv("TQ_ROWS_THREADS");
-        if (!(rows_env && strcmp(rows_env, "0") == 0) && tq_ggml_rows_n_tasks(set, 2) != 2) return err.fail("%s: SET_ROWS not spread over threads", ggml_type_name(t));
+        if (tq_switch_get(TQ_SW_ROWS_THREADS) && tq_ggml_rows_n_tasks(set, 2) != 2) return err.fail("%s: SET_ROWS not spread over threads", ggml_type_name(t));
         compute(c.ctx, set);
 
         std::vector<uint8_t> want(ggml_row_size(t, D));
@@ -982,4 +981,26 @@ extern "C" int tq_test_kmean_stat_w(char * err_buf, size_t cap) {
         }
     }
     return 0;
+}
+
+// ggml's switch readers (tq-switches.def), for tests/switches.rs, which runs each in a child
+// process with the variable set: the value index the reader took, or (for a value the row
+// does not know) the process stops with the table's message. reader: 0 tq_switch_get(id)
+// (the one C parser, every row), 1 the SET_ROWS thread count (TQ_ROWS_THREADS), 2 the
+// prefill decode (TQ_PREFILL_DECODE).
+extern "C" int tq_test_switch_read(int reader, int id) {
+    switch (reader) {
+        case 0:
+            return tq_switch_get((enum tq_switch) id);
+        case 1: {
+            ggml_tensor node = {};
+            node.op          = GGML_OP_SET_ROWS;
+            node.type        = GGML_TYPE_TURBO3;
+            return tq_ggml_rows_n_tasks(&node, 2) == 2;
+        }
+        case 2:
+            return tq_ggml_prefill_decode_enabled();
+        default:
+            return -1;
+    }
 }

@@ -404,18 +404,16 @@ ggml_tile_hooks!(
 
 /// The tiled flash-attention decode path (tq-ggml-fa.h): 0 off (ggml's per-key loop), 1
 /// tiles per query head, 2 tiles shared by the query heads of a GQA group (the default).
-/// Read once from `TQ_FA_TILE` (`0`, `1`; anything else or unset is 2), unless
+/// Read once from `TQ_FA_TILE` (a row of the switches table: `0`, `1` or `2`, unset or empty
+/// is 2; any other value stops the process with the table's message), unless
 /// [`tq_ggml_set_fa_tile`] said otherwise.
 #[no_mangle]
 pub extern "C" fn tq_ggml_fa_tile() -> c_int {
     match FA_TILE.load(Ordering::Relaxed) {
         v @ 0..=2 => v as c_int,
         _ => {
-            let v = match std::env::var("TQ_FA_TILE").as_deref() {
-                Ok("0") => 0,
-                Ok("1") => 1,
-                _ => 2,
-            };
+            // the row's values are "0|1|2": the index is the level
+            let v = turboquant_codec::switches::get("TQ_FA_TILE") as u8;
             FA_TILE.store(v, Ordering::Relaxed);
             v as c_int
         }

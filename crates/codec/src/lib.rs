@@ -16,6 +16,7 @@ pub mod gain;
 pub mod kernels;
 pub mod qjl;
 pub mod rotation;
+pub mod switches;
 #[rustfmt::skip]
 pub mod tables;
 pub mod tcq;

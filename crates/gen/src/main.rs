@@ -1,6 +1,7 @@
 //! `tq-gen`: rewrite every derived file that is stale (`cargo run --release -p
 //! turboquant-gen`), or with `--check` list the stale ones and exit 1; `--options` prints
-//! the options table (ggml-ext/llama/tq-options.def) as markdown.
+//! the options table (ggml-ext/llama/tq-options.def, ending with
+//! ggml-ext/ggml/tq-switches.def) as markdown.
 
 use std::process::ExitCode;
 

@@ -143,6 +143,12 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
+    // ggml's switches (TQ_SIMD, TQ_FA_TILE, ...; ggml-ext/ggml/tq-switches.def): a value the
+    // table does not know is a named error here, before any command runs, rather than the
+    // reader's stop deep inside a kernel (the tools tq starts refuse llama's rows themselves)
+    for row in turboquant_codec::switches::ggml_rows() {
+        row.env_value()?;
+    }
     match cli.cmd {
         Cmd::Serve {
             model,

@@ -64,6 +64,22 @@ fn unknown_names_are_refused_before_anything_runs() {
     }
 }
 
+#[test]
+fn unknown_switch_values_are_refused_before_anything_runs() {
+    for row in turboquant_codec::switches::ggml_rows() {
+        let out = Command::new(env!("CARGO_BIN_EXE_tq"))
+            .args(["kv-norms", "/nonexistent/kv.tqkv"])
+            .env("TQ_CACHE_DIR", scratch("cache"))
+            .env(&row.env, "bogus")
+            .output()
+            .expect("run tq");
+        let want = format!("tq: error: {}", row.unknown(&row.env, "bogus"));
+        assert_eq!(out.status.code(), Some(2), "{}: {}", row.env, text(&out));
+        assert!(text(&out).contains(&want), "{}: {}", row.env, text(&out));
+        assert!(!text(&out).contains("No such file"), "{}", text(&out));
+    }
+}
+
 /// A GGUF with only metadata: (key, u32 value) pairs and general.architecture.
 fn gguf_file(dir: &std::path::Path, name: &str, arch: &str, ints: &[(&str, u32)]) -> PathBuf {
     let mut b = Vec::new();

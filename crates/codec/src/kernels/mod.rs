@@ -18,7 +18,8 @@
 //!
 //! Dispatch: the best level is detected on first use (`is_x86_feature_detected!`)
 //! and cached in an atomic; a per-call dispatch is one relaxed load and a match.
-//! `TQ_SIMD=scalar|avx2|avx512` in the environment caps the level (read once).
+//! `TQ_SIMD=scalar|avx2|avx512` in the environment caps the level (read once; a row of the
+//! switches table, [`crate::switches`]: any other value stops the process with its message).
 //! No function here allocates.
 
 pub mod scalar;
@@ -27,6 +28,7 @@ pub mod x86;
 
 use crate::block::{TqType, TurboBlock, QK};
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 /// An instruction-set level a kernel can run at.
 #[repr(u8)]
@@ -95,16 +97,17 @@ fn detect() -> SimdLevel {
             best = l;
         }
     }
-    if let Ok(cap) = std::env::var("TQ_SIMD") {
-        let cap = match cap.to_ascii_lowercase().as_str() {
-            "scalar" | "none" | "0" => Some(SimdLevel::Scalar),
-            "avx2" => Some(SimdLevel::Avx2),
-            "avx512" => Some(SimdLevel::Avx512),
-            _ => None,
-        };
-        if let Some(c) = cap {
-            best = best.min(c);
-        }
+    // TQ_SIMD, a row of the switches table: auto|scalar|avx2|avx512, in that order (a value
+    // the row does not know stops the process with the table's message)
+    static CAP: OnceLock<Option<SimdLevel>> = OnceLock::new();
+    let cap = *CAP.get_or_init(|| match crate::switches::get("TQ_SIMD") {
+        0 => None,
+        1 => Some(SimdLevel::Scalar),
+        2 => Some(SimdLevel::Avx2),
+        _ => Some(SimdLevel::Avx512),
+    });
+    if let Some(c) = cap {
+        best = best.min(c);
     }
     LEVEL.store(best as u8, Ordering::Relaxed);
     best

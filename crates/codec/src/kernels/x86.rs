@@ -37,7 +37,7 @@ static T3_LO_X16: [f32; 16] = rep::<16>(&CODEBOOK_3BIT, 0, 4);
 static T3_HI_X16: [f32; 16] = rep::<16>(&CODEBOOK_3BIT, 4, 4);
 
 #[inline(always)]
-unsafe fn scale_at(p: *const u8) -> f32 {
+pub(crate) unsafe fn scale_at(p: *const u8) -> f32 {
     decode_scale(u16::from_ne_bytes([*p, *p.add(1)]))
 }
 
@@ -64,7 +64,7 @@ unsafe fn lut16(lo: __m256, hi: __m256, idx: __m256i) -> __m256 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn hsum256(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum256(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -145,97 +145,8 @@ macro_rules! avx2_t4_groups {
     }};
 }
 
-/// Generates dequantize / vec_dot / mad for one type on AVX2.
-/// `$tables`: the unscaled table registers; `$groups`: the visitor macro.
-macro_rules! avx2_kernels {
-    ($bytes:expr, $deq:ident, $dot:ident, $mad:ident, [$($tab:ident),+], $groups:ident) => {
-        #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn $deq(x: *const u8, y: *mut f32, nb: usize) {
-            let tabs = [$(_mm256_loadu_ps($tab.as_ptr())),+];
-            for b in 0..nb {
-                let blk = x.add(b * $bytes);
-                let d = _mm256_set1_ps(scale_at(blk));
-                let yb = y.add(b * 64);
-                let st = |off: usize, v: __m256| _mm256_storeu_ps(yb.add(off), v);
-                avx2_kernels!(@call $groups, blk.add(2), d, tabs, st, [$($tab),+]);
-            }
-        }
-
-        #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn $dot(x: *const u8, y: *const f32, nb: usize) -> f32 {
-            let tabs = [$(_mm256_loadu_ps($tab.as_ptr())),+];
-            // four independent accumulators hide the FMA latency
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for b in 0..nb {
-                let blk = x.add(b * $bytes);
-                let d = _mm256_set1_ps(scale_at(blk));
-                let yb = y.add(b * 64);
-                let mut f = |off: usize, v: __m256| {
-                    let a = &mut acc[(off / 8) % 4];
-                    *a = _mm256_fmadd_ps(v, _mm256_loadu_ps(yb.add(off)), *a);
-                };
-                avx2_kernels!(@call $groups, blk.add(2), d, tabs, f, [$($tab),+]);
-            }
-            hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
-        }
-
-        #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn $mad(x: *const u8, y: *mut f32, nb: usize, v: f32) {
-            let tabs = [$(_mm256_loadu_ps($tab.as_ptr())),+];
-            let vv = _mm256_set1_ps(v);
-            for b in 0..nb {
-                let blk = x.add(b * $bytes);
-                let d = _mm256_set1_ps(scale_at(blk));
-                let yb = y.add(b * 64);
-                let f = |off: usize, t: __m256| {
-                    let p = yb.add(off);
-                    _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), t));
-                };
-                // table = v * (d * C): the same two roundings as the scalar oracle.
-                let tabs_v = tabs.map(|t| _mm256_mul_ps(vv, _mm256_mul_ps(d, t)));
-                avx2_kernels!(@call $groups, blk.add(2), _mm256_set1_ps(1.0), tabs_v, f, [$($tab),+]);
-            }
-        }
-    };
-    (@call $groups:ident, $qs:expr, $d:expr, $tabs:expr, $f:expr, [$t0:ident]) => {{
-        let d = $d;
-        let t = [_mm256_mul_ps(d, $tabs[0])];
-        $groups!($qs, t[0], $f)
-    }};
-    (@call $groups:ident, $qs:expr, $d:expr, $tabs:expr, $f:expr, [$t0:ident, $t1:ident]) => {{
-        let d = $d;
-        let t = [_mm256_mul_ps(d, $tabs[0]), _mm256_mul_ps(d, $tabs[1])];
-        $groups!($qs, t[0], t[1], $f)
-    }};
-}
-
 static T4_LO: [f32; 8] = rep::<8>(&CODEBOOK_4BIT, 0, 8);
 static T4_HI: [f32; 8] = rep::<8>(&CODEBOOK_4BIT, 8, 8);
-
-avx2_kernels!(
-    crate::types::TURBO2.block_bytes(),
-    avx2_dequantize_t2,
-    avx2_vec_dot_t2,
-    avx2_mad_t2,
-    [T2_X8],
-    avx2_t2_groups
-);
-avx2_kernels!(
-    crate::types::TURBO3.block_bytes(),
-    avx2_dequantize_t3,
-    avx2_vec_dot_t3,
-    avx2_mad_t3,
-    [T3_LO_X8, T3_HI_X8],
-    avx2_t3_groups
-);
-avx2_kernels!(
-    crate::types::TURBO4.block_bytes(),
-    avx2_dequantize_t4,
-    avx2_vec_dot_t4,
-    avx2_mad_t4,
-    [T4_LO, T4_HI],
-    avx2_t4_groups
-);
 
 // --------------------------------------------------------------- AVX-512 ---
 
@@ -285,89 +196,148 @@ macro_rules! avx512_t4_groups {
     }};
 }
 
-macro_rules! avx512_kernels {
-    ($bytes:expr, $deq:ident, $dot:ident, $mad:ident, [$($tab:ident),+], $groups:ident) => {
-        #[target_feature(enable = "avx512f")]
-        pub unsafe fn $deq(x: *const u8, y: *mut f32, nb: usize) {
-            let tabs = [$(_mm512_loadu_ps($tab.as_ptr())),+];
-            for b in 0..nb {
-                let blk = x.add(b * $bytes);
-                let d = _mm512_set1_ps(scale_at(blk));
-                let yb = y.add(b * 64);
-                let st = |off: usize, v: __m512| _mm512_storeu_ps(yb.add(off), v);
-                avx512_kernels!(@call $groups, blk.add(2), d, tabs, st, [$($tab),+]);
-            }
-        }
+// ---------------------------------------------------------- both widths ---
 
-        #[target_feature(enable = "avx512f")]
-        pub unsafe fn $dot(x: *const u8, y: *const f32, nb: usize) -> f32 {
-            let tabs = [$(_mm512_loadu_ps($tab.as_ptr())),+];
-            let mut acc = [_mm512_setzero_ps(); 4];
-            for b in 0..nb {
-                let blk = x.add(b * $bytes);
-                let d = _mm512_set1_ps(scale_at(blk));
-                let yb = y.add(b * 64);
-                let mut f = |off: usize, v: __m512| {
-                    let a = &mut acc[(off / 16) % 4];
-                    *a = _mm512_fmadd_ps(v, _mm512_loadu_ps(yb.add(off)), *a);
-                };
-                avx512_kernels!(@call $groups, blk.add(2), d, tabs, f, [$($tab),+]);
-            }
-            _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
-        }
-
-        #[target_feature(enable = "avx512f")]
-        pub unsafe fn $mad(x: *const u8, y: *mut f32, nb: usize, v: f32) {
-            let tabs = [$(_mm512_loadu_ps($tab.as_ptr())),+];
-            let vv = _mm512_set1_ps(v);
-            for b in 0..nb {
-                let blk = x.add(b * $bytes);
-                let d = _mm512_set1_ps(scale_at(blk));
-                let yb = y.add(b * 64);
-                let f = |off: usize, t: __m512| {
-                    let p = yb.add(off);
-                    _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), t));
-                };
-                let tabs_v = tabs.map(|t| _mm512_mul_ps(vv, _mm512_mul_ps(d, t)));
-                avx512_kernels!(@call $groups, blk.add(2), _mm512_set1_ps(1.0), tabs_v, f, [$($tab),+]);
-            }
-        }
+/// The spellings AVX2 and AVX-512 differ in, handed to `$m!` in front of its arguments:
+/// `[target features, lanes, vector type, loadu, storeu, set1, setzero, add, mul, fmadd,
+/// horizontal sum, the four horizontal sums of four vectors (rows.rs)]`. The kernels are
+/// written once (`kernels!` here, `rows!` in rows.rs) over these; the group visitors
+/// (`avx2_t3_groups`, ...) stay per width, since their lookups differ in more than names.
+macro_rules! avx2 {
+    ($m:ident!($($args:tt)*)) => {
+        $m!(["avx2,fma", 8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
+             _mm256_setzero_ps, _mm256_add_ps, _mm256_mul_ps, _mm256_fmadd_ps, hsum256, hsum4_256]
+            $($args)*);
     };
-    (@call $groups:ident, $qs:expr, $d:expr, $tabs:expr, $f:expr, [$t0:ident]) => {{
-        let d = $d;
-        let t = [_mm512_mul_ps(d, $tabs[0])];
-        $groups!($qs, t[0], $f)
-    }};
-    (@call $groups:ident, $qs:expr, $d:expr, $tabs:expr, $f:expr, [$t0:ident, $t1:ident]) => {{
-        let d = $d;
-        let t = [_mm512_mul_ps(d, $tabs[0]), _mm512_mul_ps(d, $tabs[1])];
-        $groups!($qs, t[0], t[1], $f)
-    }};
+}
+macro_rules! avx512 {
+    ($m:ident!($($args:tt)*)) => {
+        $m!(["avx512f", 16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
+             _mm512_setzero_ps, _mm512_add_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_reduce_add_ps,
+             hsum4_512]
+            $($args)*);
+    };
 }
 
-avx512_kernels!(
-    crate::types::TURBO2.block_bytes(),
-    avx512_dequantize_t2,
-    avx512_vec_dot_t2,
-    avx512_mad_t2,
-    [T2_X16],
-    avx512_t2_groups
-);
-avx512_kernels!(
-    crate::types::TURBO3.block_bytes(),
-    avx512_dequantize_t3,
-    avx512_vec_dot_t3,
-    avx512_mad_t3,
-    [T3_LO_X16, T3_HI_X16],
-    avx512_t3_groups
-);
-avx512_kernels!(
-    crate::types::TURBO4.block_bytes(),
-    avx512_dequantize_t4,
-    avx512_vec_dot_t4,
-    avx512_mad_t4,
-    [CODEBOOK_4BIT],
-    avx512_t4_groups
-);
+/// Calls the group visitor `$groups` with the table registers `$t` (one or two).
+macro_rules! visit {
+    ($groups:ident, $qs:expr, $t:expr, $f:expr, [$t0:ident]) => {
+        $groups!($qs, $t[0], $f)
+    };
+    ($groups:ident, $qs:expr, $t:expr, $f:expr, [$t0:ident, $t1:ident]) => {
+        $groups!($qs, $t[0], $t[1], $f)
+    };
+}
+
+/// Generates dequantize / vec_dot / mad of each type, at one width (`avx2!(kernels!(...))`).
+/// Per type: `(block bytes, names, [unscaled table statics], group visitor)`.
+macro_rules! kernels {
+    ([$feat:literal, $w:literal, $V:ident, $loadu:ident, $storeu:ident, $set1:ident, $zero:ident,
+      $add:ident, $mul:ident, $fmadd:ident, $hsum:ident, $hsum4:ident]
+     $(($bytes:expr, $deq:ident, $dot:ident, $mad:ident, [$($tab:ident),+], $groups:ident)),+ $(,)?) => {$(
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $deq(x: *const u8, y: *mut f32, nb: usize) {
+            let tabs = [$($loadu($tab.as_ptr())),+];
+            for b in 0..nb {
+                let blk = x.add(b * $bytes);
+                let d = $set1(scale_at(blk));
+                let yb = y.add(b * 64);
+                let st = |off: usize, v: $V| $storeu(yb.add(off), v);
+                let t = tabs.map(|t| $mul(d, t));
+                visit!($groups, blk.add(2), t, st, [$($tab),+]);
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $dot(x: *const u8, y: *const f32, nb: usize) -> f32 {
+            let tabs = [$($loadu($tab.as_ptr())),+];
+            // four independent accumulators hide the FMA latency
+            let mut acc = [$zero(); 4];
+            for b in 0..nb {
+                let blk = x.add(b * $bytes);
+                let d = $set1(scale_at(blk));
+                let yb = y.add(b * 64);
+                let mut f = |off: usize, v: $V| {
+                    let a = &mut acc[(off / $w) % 4];
+                    *a = $fmadd(v, $loadu(yb.add(off)), *a);
+                };
+                let t = tabs.map(|t| $mul(d, t));
+                visit!($groups, blk.add(2), t, f, [$($tab),+]);
+            }
+            $hsum($add($add(acc[0], acc[1]), $add(acc[2], acc[3])))
+        }
+
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $mad(x: *const u8, y: *mut f32, nb: usize, v: f32) {
+            let tabs = [$($loadu($tab.as_ptr())),+];
+            let vv = $set1(v);
+            for b in 0..nb {
+                let blk = x.add(b * $bytes);
+                let d = $set1(scale_at(blk));
+                let yb = y.add(b * 64);
+                let f = |off: usize, t: $V| {
+                    let p = yb.add(off);
+                    $storeu(p, $add($loadu(p), t));
+                };
+                // table = v * (d * C): the same two roundings as the scalar oracle.
+                let t = tabs.map(|t| $mul(vv, $mul(d, t)));
+                visit!($groups, blk.add(2), t, f, [$($tab),+]);
+            }
+        }
+    )+};
+}
+
+avx2!(kernels!(
+    (
+        crate::types::TURBO2.block_bytes(),
+        avx2_dequantize_t2,
+        avx2_vec_dot_t2,
+        avx2_mad_t2,
+        [T2_X8],
+        avx2_t2_groups
+    ),
+    (
+        crate::types::TURBO3.block_bytes(),
+        avx2_dequantize_t3,
+        avx2_vec_dot_t3,
+        avx2_mad_t3,
+        [T3_LO_X8, T3_HI_X8],
+        avx2_t3_groups
+    ),
+    (
+        crate::types::TURBO4.block_bytes(),
+        avx2_dequantize_t4,
+        avx2_vec_dot_t4,
+        avx2_mad_t4,
+        [T4_LO, T4_HI],
+        avx2_t4_groups
+    ),
+));
+avx512!(kernels!(
+    (
+        crate::types::TURBO2.block_bytes(),
+        avx512_dequantize_t2,
+        avx512_vec_dot_t2,
+        avx512_mad_t2,
+        [T2_X16],
+        avx512_t2_groups
+    ),
+    (
+        crate::types::TURBO3.block_bytes(),
+        avx512_dequantize_t3,
+        avx512_vec_dot_t3,
+        avx512_mad_t3,
+        [T3_LO_X16, T3_HI_X16],
+        avx512_t3_groups
+    ),
+    (
+        crate::types::TURBO4.block_bytes(),
+        avx512_dequantize_t4,
+        avx512_vec_dot_t4,
+        avx512_mad_t4,
+        [CODEBOOK_4BIT],
+        avx512_t4_groups
+    ),
+));
 
 pub mod rows;

@@ -17,12 +17,9 @@
 
 use core::arch::x86_64::*;
 
-use crate::block::decode_scale;
-
-#[inline(always)]
-unsafe fn scale_at(p: *const u8) -> f32 {
-    decode_scale(u16::from_ne_bytes([*p, *p.add(1)]))
-}
+// the scale, the horizontal sums and the tile's store: the turbo types' (kernels/x86.rs)
+use crate::kernels::x86::rows::{hsum4_256 as hsum4, store_first};
+use crate::kernels::x86::{hsum256, scale_at};
 
 /// Lane `g` = big-endian word of `ext[K g .. K g + 4]`, `ext[0] = qs[8K - 1]`,
 /// `ext[i] = qs[i - 1]`, `ext[8K + 1] = 0`. Reads exactly the `8 K` payload
@@ -100,15 +97,6 @@ unsafe fn look<const K: usize>(pd: *const f64, w: u32) -> __m256 {
     _mm256_castpd_ps(_mm256_set_m128d(hi, lo))
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum256(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
 /// `y = d * TABLE[s]` (bit-exact with the scalar oracle).
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn avx2_dequantize<const K: usize>(x: *const u8, y: *mut f32, nb: usize) {
@@ -165,16 +153,6 @@ pub unsafe fn avx2_mad<const K: usize>(x: *const u8, y: *mut f32, nb: usize, v: 
     }
 }
 
-/// The four horizontal sums of `a[0..4]`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum4(a: [__m256; 4]) -> __m128 {
-    let h01 = _mm256_hadd_ps(a[0], a[1]);
-    let h23 = _mm256_hadd_ps(a[2], a[3]);
-    let h = _mm256_hadd_ps(h01, h23);
-    _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
-}
-
 /// Flash-attention key tile: four rows at a time (past the last row the last
 /// row is repeated, computed and never stored), the query block loaded once
 /// per four rows; per row and block `Σ TABLE[s] q` in f32, times `d` (FMA).
@@ -210,17 +188,7 @@ pub unsafe fn avx2_dot_rows<const K: usize>(
                 acc[i] = _mm256_fmadd_ps(d, p[i], acc[i]);
             }
         }
-        let s = hsum4(acc);
-        let n = (nrows - r).min(4);
-        if n == 4 {
-            _mm_storeu_ps(out.add(r), s);
-        } else {
-            let mut t = [0f32; 4];
-            _mm_storeu_ps(t.as_mut_ptr(), s);
-            for (i, &v) in t.iter().enumerate().take(n) {
-                *out.add(r + i) = v;
-            }
-        }
+        store_first(out.add(r), hsum4(acc), (nrows - r).min(4));
         r += 4;
     }
 }

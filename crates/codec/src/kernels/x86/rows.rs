@@ -30,7 +30,7 @@ unsafe fn rows4(x: *const u8, stride: usize, r: usize, nrows: usize) -> [*const 
 /// Stores the first `n <= 4` lanes of `s` (a full pass: one unaligned store).
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn store_first(out: *mut f32, s: __m128, n: usize) {
+pub(crate) unsafe fn store_first(out: *mut f32, s: __m128, n: usize) {
     if n == 4 {
         _mm_storeu_ps(out, s);
     } else {
@@ -45,7 +45,7 @@ unsafe fn store_first(out: *mut f32, s: __m128, n: usize) {
 /// The four horizontal sums of `a[0..4]` (8 lanes each).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn hsum4_256(a: [__m256; 4]) -> __m128 {
+pub(crate) unsafe fn hsum4_256(a: [__m256; 4]) -> __m128 {
     let h01 = _mm256_hadd_ps(a[0], a[1]);
     let h23 = _mm256_hadd_ps(a[2], a[3]);
     let h = _mm256_hadd_ps(h01, h23);
@@ -76,19 +76,14 @@ unsafe fn hsum4_512(a: [__m512; 4]) -> __m128 {
     _mm512_castps512_ps128(_mm512_permutexvar_ps(pick, y))
 }
 
-/// Calls the group visitor with already-prepared table registers.
-macro_rules! visit {
-    ($groups:ident, $qs:expr, $t:expr, $f:expr, [$t0:ident]) => {
-        $groups!($qs, $t[0], $f)
-    };
-    ($groups:ident, $qs:expr, $t:expr, $f:expr, [$t0:ident, $t1:ident]) => {
-        $groups!($qs, $t[0], $t[1], $f)
-    };
-}
-
-macro_rules! avx2_rows {
-    ($bytes:expr, $dot:ident, $mad:ident, [$($tab:ident),+], $groups:ident) => {
-        #[target_feature(enable = "avx2,fma")]
+/// Generates dot_rows / mad_rows of each type, at one width (`avx2!(rows!(...))`, the
+/// spellings in x86.rs). Per type: `(block bytes, names, [unscaled table statics], group
+/// visitor)`.
+macro_rules! rows {
+    ([$feat:literal, $w:literal, $V:ident, $loadu:ident, $storeu:ident, $set1:ident, $zero:ident,
+      $add:ident, $mul:ident, $fmadd:ident, $hsum:ident, $hsum4:ident]
+     $(($bytes:expr, $dot:ident, $mad:ident, [$($tab:ident),+], $groups:ident)),+ $(,)?) => {$(
+        #[target_feature(enable = $feat)]
         pub unsafe fn $dot(
             x: *const u8,
             stride: usize,
@@ -97,31 +92,31 @@ macro_rules! avx2_rows {
             nb: usize,
             out: *mut f32,
         ) {
-            let tabs = [$(_mm256_loadu_ps($tab.as_ptr())),+];
+            let tabs = [$($loadu($tab.as_ptr())),+];
             let mut r = 0;
             while r < nrows {
                 let rows = rows4(x, stride, r, nrows);
-                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut acc = [$zero(); 4];
                 for b in 0..nb {
                     let qb = q.add(b * 64);
                     for i in 0..4 {
                         let blk = rows[i].add(b * $bytes);
-                        let mut p = [_mm256_setzero_ps(); 2];
-                        let mut f = |off: usize, v: __m256| {
-                            let a = &mut p[(off / 8) % 2];
-                            *a = _mm256_fmadd_ps(v, _mm256_loadu_ps(qb.add(off)), *a);
+                        let mut p = [$zero(); 2];
+                        let mut f = |off: usize, v: $V| {
+                            let a = &mut p[(off / $w) % 2];
+                            *a = $fmadd(v, $loadu(qb.add(off)), *a);
                         };
                         visit!($groups, blk.add(2), tabs, f, [$($tab),+]);
-                        let d = _mm256_set1_ps(scale_at(blk));
-                        acc[i] = _mm256_fmadd_ps(d, _mm256_add_ps(p[0], p[1]), acc[i]);
+                        let d = $set1(scale_at(blk));
+                        acc[i] = $fmadd(d, $add(p[0], p[1]), acc[i]);
                     }
                 }
-                store_first(out.add(r), hsum4_256(acc), (nrows - r).min(4));
+                store_first(out.add(r), $hsum4(acc), (nrows - r).min(4));
                 r += 4;
             }
         }
 
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = $feat)]
         pub unsafe fn $mad(
             x: *const u8,
             stride: usize,
@@ -130,131 +125,70 @@ macro_rules! avx2_rows {
             y: *mut f32,
             nb: usize,
         ) {
-            let tabs = [$(_mm256_loadu_ps($tab.as_ptr())),+];
+            let tabs = [$($loadu($tab.as_ptr())),+];
             for b in 0..nb {
                 let yb = y.add(b * 64);
-                let mut acc: [__m256; 8] = core::array::from_fn(|g| _mm256_loadu_ps(yb.add(8 * g)));
+                let mut acc: [$V; 64 / $w] = core::array::from_fn(|g| $loadu(yb.add($w * g)));
                 for r in 0..nrows {
                     let blk = x.add(r * stride + b * $bytes);
-                    let d = _mm256_set1_ps(scale_at(blk));
-                    let vv = _mm256_set1_ps(*w.add(r));
+                    let d = $set1(scale_at(blk));
+                    let vv = $set1(*w.add(r));
                     // table = w * (d * C): the roundings of `mad`
-                    let t = tabs.map(|t| _mm256_mul_ps(vv, _mm256_mul_ps(d, t)));
-                    let mut f = |off: usize, v: __m256| acc[off / 8] = _mm256_add_ps(acc[off / 8], v);
+                    let t = tabs.map(|t| $mul(vv, $mul(d, t)));
+                    let mut f = |off: usize, v: $V| acc[off / $w] = $add(acc[off / $w], v);
                     visit!($groups, blk.add(2), t, f, [$($tab),+]);
                 }
                 for (g, a) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(yb.add(8 * g), *a);
+                    $storeu(yb.add($w * g), *a);
                 }
             }
         }
-    };
+    )+};
 }
 
-avx2_rows!(
-    crate::types::TURBO2.block_bytes(),
-    avx2_dot_rows_t2,
-    avx2_mad_rows_t2,
-    [T2_X8],
-    avx2_t2_groups
-);
-avx2_rows!(
-    crate::types::TURBO3.block_bytes(),
-    avx2_dot_rows_t3,
-    avx2_mad_rows_t3,
-    [T3_LO_X8, T3_HI_X8],
-    avx2_t3_groups
-);
-avx2_rows!(
-    crate::types::TURBO4.block_bytes(),
-    avx2_dot_rows_t4,
-    avx2_mad_rows_t4,
-    [T4_LO, T4_HI],
-    avx2_t4_groups
-);
-
-macro_rules! avx512_rows {
-    ($bytes:expr, $dot:ident, $mad:ident, [$($tab:ident),+], $groups:ident) => {
-        #[target_feature(enable = "avx512f")]
-        pub unsafe fn $dot(
-            x: *const u8,
-            stride: usize,
-            nrows: usize,
-            q: *const f32,
-            nb: usize,
-            out: *mut f32,
-        ) {
-            let tabs = [$(_mm512_loadu_ps($tab.as_ptr())),+];
-            let mut r = 0;
-            while r < nrows {
-                let rows = rows4(x, stride, r, nrows);
-                let mut acc = [_mm512_setzero_ps(); 4];
-                for b in 0..nb {
-                    let qb = q.add(b * 64);
-                    for i in 0..4 {
-                        let blk = rows[i].add(b * $bytes);
-                        let mut p = [_mm512_setzero_ps(); 2];
-                        let mut f = |off: usize, v: __m512| {
-                            let a = &mut p[(off / 16) % 2];
-                            *a = _mm512_fmadd_ps(v, _mm512_loadu_ps(qb.add(off)), *a);
-                        };
-                        visit!($groups, blk.add(2), tabs, f, [$($tab),+]);
-                        let d = _mm512_set1_ps(scale_at(blk));
-                        acc[i] = _mm512_fmadd_ps(d, _mm512_add_ps(p[0], p[1]), acc[i]);
-                    }
-                }
-                store_first(out.add(r), hsum4_512(acc), (nrows - r).min(4));
-                r += 4;
-            }
-        }
-
-        #[target_feature(enable = "avx512f")]
-        pub unsafe fn $mad(
-            x: *const u8,
-            stride: usize,
-            nrows: usize,
-            w: *const f32,
-            y: *mut f32,
-            nb: usize,
-        ) {
-            let tabs = [$(_mm512_loadu_ps($tab.as_ptr())),+];
-            for b in 0..nb {
-                let yb = y.add(b * 64);
-                let mut acc: [__m512; 4] = core::array::from_fn(|g| _mm512_loadu_ps(yb.add(16 * g)));
-                for r in 0..nrows {
-                    let blk = x.add(r * stride + b * $bytes);
-                    let d = _mm512_set1_ps(scale_at(blk));
-                    let vv = _mm512_set1_ps(*w.add(r));
-                    let t = tabs.map(|t| _mm512_mul_ps(vv, _mm512_mul_ps(d, t)));
-                    let mut f = |off: usize, v: __m512| acc[off / 16] = _mm512_add_ps(acc[off / 16], v);
-                    visit!($groups, blk.add(2), t, f, [$($tab),+]);
-                }
-                for (g, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(yb.add(16 * g), *a);
-                }
-            }
-        }
-    };
-}
-
-avx512_rows!(
-    crate::types::TURBO2.block_bytes(),
-    avx512_dot_rows_t2,
-    avx512_mad_rows_t2,
-    [T2_X16],
-    avx512_t2_groups
-);
-avx512_rows!(
-    crate::types::TURBO3.block_bytes(),
-    avx512_dot_rows_t3,
-    avx512_mad_rows_t3,
-    [T3_LO_X16, T3_HI_X16],
-    avx512_t3_groups
-);
-avx512_rows!(
-    crate::types::TURBO4.block_bytes(),
-    avx512_dot_rows_t4,
-    avx512_mad_rows_t4,
-    [CODEBOOK_4BIT],
-    avx512_t4_groups
-);
+avx2!(rows!(
+    (
+        crate::types::TURBO2.block_bytes(),
+        avx2_dot_rows_t2,
+        avx2_mad_rows_t2,
+        [T2_X8],
+        avx2_t2_groups
+    ),
+    (
+        crate::types::TURBO3.block_bytes(),
+        avx2_dot_rows_t3,
+        avx2_mad_rows_t3,
+        [T3_LO_X8, T3_HI_X8],
+        avx2_t3_groups
+    ),
+    (
+        crate::types::TURBO4.block_bytes(),
+        avx2_dot_rows_t4,
+        avx2_mad_rows_t4,
+        [T4_LO, T4_HI],
+        avx2_t4_groups
+    ),
+));
+avx512!(rows!(
+    (
+        crate::types::TURBO2.block_bytes(),
+        avx512_dot_rows_t2,
+        avx512_mad_rows_t2,
+        [T2_X16],
+        avx512_t2_groups
+    ),
+    (
+        crate::types::TURBO3.block_bytes(),
+        avx512_dot_rows_t3,
+        avx512_mad_rows_t3,
+        [T3_LO_X16, T3_HI_X16],
+        avx512_t3_groups
+    ),
+    (
+        crate::types::TURBO4.block_bytes(),
+        avx512_dot_rows_t4,
+        avx512_mad_rows_t4,
+        [CODEBOOK_4BIT],
+        avx512_t4_groups
+    ),
+));
