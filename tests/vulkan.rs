@@ -188,22 +188,30 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
     let (passed, supported) = backend_ops("SET_ROWS,GET_ROWS,CPY,MUL_MAT", "turbo");
     assert_eq!(passed, supported);
     assert!(supported >= 3 * 15, "only {supported} turbo cases ran");
-    // flash attention: one process per head size and pair (lavapipe 22.3 corrupts its heap
-    // after a few dozen flash attention pipelines in one process, upstream's q4_0 cases too:
-    // docs/VULKAN.md)
+    // flash attention: every head size for the symmetric pairs (decode, prefill, softcap,
+    // sinks and the GQA shapes), the mixed pairs at 128
     let mut fa = 0;
     for hs in [64, 128, 256] {
         for (k, v) in FA_PAIRS {
-            let (passed, supported) = backend_ops(
-                "FLASH_ATTN_EXT",
-                &format!("hsk={hs},.*type_K={k},type_V={v},"),
-            );
-            assert_eq!(passed, supported, "hs {hs} {k}/{v}");
-            assert!(
-                supported >= 2,
-                "hs {hs} {k}/{v}: only {supported} cases ran"
-            );
-            fa += supported;
+            if k != v && hs != 128 {
+                continue;
+            }
+            // decode (one or two queries) and prefill shapes in separate processes: lavapipe
+            // 22.3 corrupts its heap when one process runs prefill flash attention and then
+            // more cases, upstream's q4_0 cases too ("corrupted double-linked list" in a
+            // libvulkan_lvp.so thread, with or without GGML_VK_DISABLE_ASYNC; docs/VULKAN.md)
+            // (the prefill shapes at head size 64 only: kv 1024 x 35 queries at 128 takes over
+            // ten minutes on lavapipe on a loaded 2-core machine)
+            for nb in ["(1|2)", "(8|35)"] {
+                if nb == "(8|35)" && hs != 64 {
+                    continue;
+                }
+                let filter = format!("hsk={hs},.*nb={nb},.*type_K={k},type_V={v},");
+                let (passed, supported) = backend_ops("FLASH_ATTN_EXT", &filter);
+                assert_eq!(passed, supported, "{filter}");
+                assert!(supported >= 1 || k != v, "{filter}: no case ran");
+                fa += supported;
+            }
         }
     }
     eprintln!(
@@ -218,20 +226,22 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
 const CTX: &str = "256";
 const CHUNKS: &str = "2";
 
-/// How far the device's run may be from the CPU's f16 run over the same tokens, as
-/// llama-perplexity's paired figures: PPL(Q)/PPL(base) and the mean KLD of the logits.
-/// f16 cache on both: the backends round differently (ggml-cpu quantizes the activations to
-/// q8_1 for the model's Q4_1 matmuls, ggml-vulkan's scalar shaders do not), nothing more:
-/// measured on lavapipe at this CTX/CHUNKS ratio 1.0058 ± 0.0073, KLD 0.0056 (at 4 x 512:
-/// 1.0001, 0.0056); a wrong kernel moves the KLD by 0.1 and more. turbo4 K / turbo3 V with
-/// -ngl 99 (the KV cache stays in host memory, its attention runs on the CPU): measured ratio
-/// 1.083, KLD 0.047, where the CPU alone gives 1.074 and 0.039 (docs/VULKAN.md); this only
-/// guards that it runs and is sane, tests/llama_tools.rs guards turbo quality.
-const MARGINS: [(&str, &str, f64, f64); 2] = [
-    // K, V, max |PPL ratio - 1|, max mean KLD
-    ("f16", "f16", 0.02, 0.015),
-    ("turbo4", "turbo3", 0.25, 0.15),
-];
+/// f16 cache on both backends: how far the device's logits may be from the CPU's over the
+/// same tokens, as llama-perplexity's paired figures (PPL(Q)/PPL(base), mean KLD). The backends
+/// round differently (ggml-cpu quantizes the activations to q8_1 for the model's Q4_1 matmuls,
+/// ggml-vulkan's scalar shaders do not), nothing more: measured on lavapipe at this CTX/CHUNKS
+/// ratio 1.0058 ± 0.0073, KLD 0.0056 (at 4 x 512: 1.0001, 0.0056); a wrong kernel moves the
+/// KLD by 0.1 and more.
+const F16_RATIO: f64 = 0.02;
+const F16_KLD: f64 = 0.015;
+
+/// turbo4 K / turbo3 V on the device against the CPU with the statistics the device gets (the
+/// fitted K mean, no exact first key: its flash attention does not take the turbo K terms),
+/// both paired with the CPU's f16 logits: the two KLDs may differ by the backends' own f16
+/// difference (F16_KLD), no more. Measured at 4 x 512: Vulkan 0.05207, CPU (fitted, no first
+/// key) 0.05249, CPU f16 vs Vulkan f16 0.0056; a wrong turbo decode or encode moves the KLD by
+/// far more (a turbo3 K is 0.057 from turbo4's at this size).
+const TURBO_KLD_GAP: f64 = F16_KLD;
 
 fn ppl_run(
     corpus_file: &Path,
@@ -240,6 +250,7 @@ fn ppl_run(
     device: bool,
     ctk: &str,
     ctv: &str,
+    extra: &[&str],
 ) -> String {
     let mut cmd = perplexity_cmd(corpus_file);
     // -lv 4: llama's info lines (where the weights and the KV cache went) come with debug
@@ -247,6 +258,7 @@ fn ppl_run(
         "-c", CTX, "-b", CTX, "--chunks", CHUNKS, "-fa", "on", "-t", "2", "-lv", "4",
     ]);
     cmd.args(["-ctk", ctk, "-ctv", ctv]);
+    cmd.args(extra);
     cmd.env("GGML_VK_VISIBLE_DEVICES", visible_devices());
     if device {
         cmd.args(["-ngl", "99", "--device", "Vulkan0"]);
@@ -281,41 +293,55 @@ fn perplexity_on_vulkan_matches_the_cpu() {
     }
     let text = corpus();
     let base = std::env::temp_dir().join(format!("tq-vulkan-base-{}.bin", std::process::id()));
-    let cpu = ppl_run(&text, &base, true, false, "f16", "f16");
+    let cpu = ppl_run(&text, &base, true, false, "f16", "f16", &[]);
     let ppl_cpu = value(&cpu, "Final estimate: PPL =");
     let mut failures = Vec::new();
-    for (ctk, ctv, ratio_max, kld_max) in MARGINS {
-        let out = ppl_run(&text, &base, false, true, ctk, ctv);
-        // the weights went to the device, so the comparison is not CPU against CPU
-        // (llama counts "offloaded 31/31 layers" even without one)
-        assert!(
-            out.contains("Vulkan0 model buffer size"),
-            "{ctk}/{ctv}: no weights on Vulkan0:\n{out}"
-        );
-        // a turbo cache stays in host memory, and says so; the others go to the device
-        let turbo = ctk.starts_with("turbo") || ctv.starts_with("turbo");
-        let kv_on_device = out.contains("Vulkan0 KV buffer size");
-        let notice = out.contains("has no kernels for a");
-        assert!(
-            kv_on_device != turbo && notice == turbo,
-            "{ctk}/{ctv}: KV cache on Vulkan0: {kv_on_device}, host-memory notice: {notice}:\n{out}"
-        );
-        let ppl = value(&out, "Mean PPL(Q)  ");
-        let ratio = value(&out, "Mean PPL(Q)/PPL(base)");
-        let kld = value(&out, "Mean    KLD:");
-        let top = value(&out, "Same top p:");
-        eprintln!(
-            "{ctk}/{ctv} on Vulkan0: PPL {ppl:.4} (CPU f16 {ppl_cpu:.4}), ratio {ratio:.4} \
-             (max |r-1| {ratio_max}), KLD {kld:.6} (max {kld_max}), same top {top:.2}%"
-        );
-        if !(ratio.is_finite() && (ratio - 1.0).abs() <= ratio_max) {
-            failures.push(format!(
-                "{ctk}/{ctv}: PPL(Vulkan)/PPL(CPU f16) {ratio} is more than {ratio_max} from 1"
-            ));
-        }
-        if !(kld.is_finite() && kld <= kld_max) {
-            failures.push(format!("{ctk}/{ctv}: mean KLD {kld} > {kld_max}"));
-        }
+
+    // f16: the device's logits are the CPU's up to the backends' rounding
+    let out = ppl_run(&text, &base, false, true, "f16", "f16", &[]);
+    // the weights and the cache went to the device (llama counts "offloaded 31/31 layers"
+    // even without one)
+    for what in ["Vulkan0 model buffer size", "Vulkan0 KV buffer size"] {
+        assert!(out.contains(what), "f16: no `{what}`:\n{out}");
+    }
+    let (ratio, kld_f16) = (
+        value(&out, "Mean PPL(Q)/PPL(base)"),
+        value(&out, "Mean    KLD:"),
+    );
+    eprintln!("f16 on Vulkan0: ratio {ratio:.4} (CPU f16 PPL {ppl_cpu:.4}), KLD {kld_f16:.6}");
+    if !(ratio.is_finite() && (ratio - 1.0).abs() <= F16_RATIO) {
+        failures.push(format!(
+            "f16: PPL(Vulkan)/PPL(CPU) {ratio} is more than {F16_RATIO} from 1"
+        ));
+    }
+    if !(kld_f16.is_finite() && kld_f16 <= F16_KLD) {
+        failures.push(format!("f16: mean KLD {kld_f16} > {F16_KLD}"));
+    }
+
+    // turbo4/turbo3: the cache lives on the device, its flash attention runs there without the
+    // K terms (logged), and it computes what the CPU does with the same statistics
+    let out = ppl_run(&text, &base, false, true, "turbo4", "turbo3", &[]);
+    assert!(
+        out.contains("Vulkan0 KV buffer size") && !out.contains("has no kernels for a"),
+        "turbo4/turbo3: the KV cache is not on Vulkan0:\n{out}"
+    );
+    assert!(
+        out.contains("whose flash attention does not take the turbo K terms"),
+        "turbo4/turbo3: no log line for the K terms the device refuses:\n{out}"
+    );
+    let kld_vk = value(&out, "Mean    KLD:");
+    let same = ["--tq-k-mean-frame", "fitted", "--tq-k-sink", "off"];
+    let out = ppl_run(&text, &base, false, false, "turbo4", "turbo3", &same);
+    let kld_cpu = value(&out, "Mean    KLD:");
+    eprintln!(
+        "turbo4/turbo3: Vulkan0 KLD {kld_vk:.6}, CPU with the same statistics {kld_cpu:.6} \
+         (max gap {TURBO_KLD_GAP})"
+    );
+    if !(kld_vk.is_finite() && (kld_vk - kld_cpu).abs() <= TURBO_KLD_GAP) {
+        failures.push(format!(
+            "turbo4/turbo3: Vulkan KLD {kld_vk} is more than {TURBO_KLD_GAP} from the CPU's \
+             {kld_cpu} (same statistics)"
+        ));
     }
     let _ = std::fs::remove_file(&base);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
