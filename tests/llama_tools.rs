@@ -278,6 +278,43 @@ fn short_first_ubatch_takes_the_k_statistics() {
     );
 }
 
+/// Batch invariance of the cache (issue 35, "statistics from the tokens, not the batching"):
+/// llama-perplexity evaluates 4 chunks of 128 tokens one per ubatch (`-b 128`, each alone in
+/// an emptied cache) or all 4 as 4 sequences in one 512-token ubatch (`-b 512`), the mean KLD
+/// between the two runs' logits is the price of the company. f16 and turbo4 without the K
+/// statistics (`TQ_K_MEAN=0`) measure 0.000000 +- 0.000001; turbo4 with them 0.031 (11 % of
+/// the top tokens change) because the K mean and balancing are one per layer, set from the
+/// first ubatch into the empty cache: the 4 chunks' tokens together instead of each chunk's
+/// own. It passes once a sequence's statistics come from its own tokens.
+#[test]
+#[ignore = "issue 35 item 3: the K statistics are per cache, not per sequence (turbo4 KLD 0.031 batched vs alone)"]
+fn same_chunks_alone_or_batched_give_the_same_logits() {
+    for (ctk, env_off) in [("f16", false), ("turbo4", true), ("turbo4", false)] {
+        let base = std::env::temp_dir().join(format!("tq-kld-base-batch-{ctk}-{env_off}-{}.bin", std::process::id()));
+        let ppl = |batch: &str, save: bool| {
+            let mut cmd = perplexity_cmd(&corpus());
+            cmd.args(["-c", "128", "--chunks", "4", "-fa", "on", "-t", "1", "-b", batch]);
+            cmd.args(["-ctk", ctk, "-ctv", ctk]).arg("--kl-divergence-base").arg(&base);
+            if !save {
+                cmd.arg("--kl-divergence");
+            }
+            if env_off {
+                cmd.env("TQ_K_MEAN", "0");
+            }
+            let o = run(&mut cmd);
+            let t = text(&o);
+            assert!(o.status.success(), "llama-perplexity {ctk} -b {batch} failed:\n{t}");
+            t
+        };
+        ppl("128", true);
+        let out = ppl("512", false);
+        let _ = std::fs::remove_file(&base);
+        let (k, e) = value_pm(&out, "Mean    KLD:").expect("KLD batched vs alone");
+        eprintln!("{ctk} (TQ_K_MEAN=0: {env_off}): 4 chunks batched vs alone, KLD {k:.6} ± {e:.6}");
+        assert!(k.abs() < 1e-4, "{ctk} (TQ_K_MEAN=0: {env_off}): batched vs alone KLD {k:.6} ± {e:.6}, want < 1e-4");
+    }
+}
+
 /// `llama_kv_cache: ... K (turbo4): 12.34 MiB, V (turbo3): 5.67 MiB`
 fn kv_sizes(log: &str) -> (f64, f64) {
     let line = log

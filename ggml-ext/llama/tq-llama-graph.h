@@ -252,7 +252,10 @@ static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, 
     const bool terms = flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type);
     ggml_tensor * sink_rows = nullptr, * sink_q = nullptr;
     const bool sink = terms && tq_sink_graph(ctx, in, kv, il, k_cur, A->ne[2], &sink_rows, &sink_q);
-    const bool prefill = A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS;
+    // K decoded to f32 with R_p mu' added (tq_rf_keys) only for the tiled kernel of a CPU
+    // prefill (tq_llama_prefill_decode); where that is off (TQ_PREFILL_DECODE=0) a prefill
+    // over turbo K and V takes the decode's turbo K terms, the same float order as a decode
+    const bool prefill = A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS && (!terms || tq_ggml_decode_for_prefill(*k, v, A->ne[2]));
     // an input the graph does not read would have no memory: the cells only where flash
     // attention or the prefill's first keys read them
     if (!in->cells && ((terms && !prefill) || sink)) {

@@ -749,6 +749,31 @@ static int kmean_rope_fa(Err & err, Ctx & c, tq_rf_pairs pr, const float * ko, c
         }
     }
     if (variant != 0) continue;
+    // batch invariance with the term: each query row alone (an op of one query, as a decode
+    // of one token has) gives the same bits as within the op of all nt rows, which is what a
+    // prefill over turbo K and V takes with TQ_PREFILL_DECODE=0 (tq_llama_attn_kq)
+    if (nt > 2) {
+        tq_ggml_set_fa_tile(2);
+        const auto all = attn(kt, vt, mask, U);
+        for (int64_t t = 0; t < nt; t += 3) {
+            ggml_tensor * q1 = ggml_view_3d(c.ctx, q, hd, 1, nq, q->nb[1], q->nb[2], (size_t) t * q->nb[1]);
+            ggml_tensor * m1 = ggml_view_2d(c.ctx, mask, nt, 1, mask->nb[1], (size_t) t * mask->nb[1]);
+            ggml_tensor * a1 = ggml_view_3d(c.ctx, a, hd, nq, 1, a->nb[1], a->nb[2], (size_t) t * a->nb[2]);
+            ggml_tensor * o = ggml_flash_attn_ext(c.ctx, q1, kt, vt, m1, kq_scale, 0.0f, 0.0f);
+            ggml_flash_attn_ext_set_prec(o, GGML_PREC_F32);
+            set_k_terms(c.ctx, o, a1, tab, P, U);
+            compute(c.ctx, o);
+            const auto one = decode(o);
+            for (int64_t i = 0; i < hd * nq; ++i) {
+                if (one[i] != all[t * hd * nq + i]) {
+                    tq_ggml_set_fa_tile(was_tile);
+                    return err.fail("FA term (neox %d, nt %lld): query %lld alone %.9g, among %lld queries %.9g (output %lld): "
+                                    "not batch-invariant", neox, (long long) nt, (long long) t, one[i], (long long) nt,
+                                    all[t * hd * nq + i], (long long) i);
+                }
+            }
+        }
+    }
     // the shared tiles read U where the cells' positions run consecutively, and T's rows
     // elsewhere: a zeroed U must then lose the term (as far off as no term), and only then
     tq_ggml_set_fa_tile(2);
