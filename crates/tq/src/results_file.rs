@@ -457,9 +457,10 @@ pub fn render_md(doc: &Doc) -> String {
          {MEMORY_CTX}` (it stops after allocating: the text is one line), every quality pair, \
          next to `tq memory`'s figure.\n"
     );
-    s += "- The full matrix is 96 llama-perplexity runs (about 655k tokens through the models), \
-          16 llama-bench and 16 memory runs: about 1-2 hours on 2 idle cores. Measured wall \
-          times per group:";
+    s += "- The full matrix is 96 llama-perplexity runs (655k tokens through the models: 8 \
+          pairs × 20480 tokens × 2 models × 2 texts), 8 llama-bench and 16 memory runs; the \
+          chunk counts are chosen for about 1-2 hours on 2 idle cores. Measured wall times per \
+          group (they include the machine's other load, see the runs' load):";
     if doc.timings.is_empty() {
         s += " none yet.\n\n";
     } else {
@@ -543,6 +544,8 @@ pub fn render_md(doc: &Doc) -> String {
     s += "## Speed\n\n";
     if let Some(n) = doc.notes.get("speed") {
         s += &format!("{n}\n\n");
+    } else if doc.speed.is_empty() {
+        s += "Not measured yet.\n\n";
     }
     let mut models: Vec<&str> = doc.speed.iter().map(|x| x.model.as_str()).collect();
     models.dedup();
@@ -638,7 +641,9 @@ pub fn render_md(doc: &Doc) -> String {
     }
 
     s += "## How\n\nEach number's tool command, as run (paths relative to the repository, `~` \
-          the home directory; the base logits file is deleted after each group).\n\n";
+          the home directory). In target/results-work/, `text-docs.txt` and `text-tools.txt` are the \
+          two texts as described above, `one-line.txt` holds `The quick brown fox.` and each \
+          group's `kld-base.bin` (the f16 logits) is deleted after the group.\n\n";
     for (m, t, ctx, _) in &groups {
         s += &format!("Quality, {m}, `{t}`, ctx {ctx}:\n\n");
         for q in doc
@@ -733,7 +738,7 @@ fn speed_table(doc: &Doc, m: &str, title: &str) -> String {
 
 /// The README's results block (between BEGIN and END), from the JSON.
 pub fn render_readme(doc: &Doc) -> String {
-    let mut s = format!("{BEGIN}\n<!-- generated from {JSON_PATH} by `tq results --readme` (measured by `tq results`): edit crates/tq/src/results_file.rs, not this block -->\n\n");
+    let mut s = format!("{BEGIN}\n<!-- generated from {JSON_PATH} by `tq results --readme` (measured by `tq results`): edit crates/tq/src/results_file.rs, not this block -->\n");
     let text = README_TEXT;
     let mut cols: Vec<(&str, u64)> = Vec::new();
     for (m, _) in MODELS {
@@ -757,9 +762,8 @@ pub fn render_readme(doc: &Doc) -> String {
         r.dedup();
         r.join(", ")
     };
-    s += "### Quality\n\n";
     if cols.is_empty() {
-        s += "Not measured in this revision ([docs/RESULTS.md](docs/RESULTS.md)).\n\n";
+        s += "**Quality.** Not measured in this revision ([docs/RESULTS.md](docs/RESULTS.md)).\n\n";
     } else {
         let used: Vec<&str> = doc
             .quality
@@ -768,7 +772,7 @@ pub fn render_readme(doc: &Doc) -> String {
             .map(|q| q.run.as_str())
             .collect();
         s += &format!(
-            "Mean KLD against an f16 cache (PPL ratio to f16), CPU, flash attention, the held-out \
+            "**Quality.** Mean KLD against an f16 cache (PPL ratio to f16), CPU, flash attention, the held-out \
              text (llama.cpp's tools/*/README.md); {} ([docs/RESULTS.md](docs/RESULTS.md): \
              both texts, ± errors, commands):\n\n| cache K/V | bits/value |",
             runs(used)
@@ -813,7 +817,6 @@ pub fn render_readme(doc: &Doc) -> String {
         }
         s += "\n";
     }
-    s += "### Speed\n\n";
     let m = MODELS[0].0;
     if doc.speed.iter().any(|x| x.model == m && x.t_s.is_some()) {
         let used: Vec<&str> = doc
@@ -826,14 +829,14 @@ pub fn render_readme(doc: &Doc) -> String {
             doc,
             m,
             &format!(
-                "llama-bench t/s (× f16), {}, CPU, {THREADS} threads; {}",
+                "**Speed.** llama-bench t/s (× f16), {}, CPU, {THREADS} threads; {}",
                 model_title(m),
                 runs(used)
             ),
         );
     } else {
         s += &format!(
-            "{} ([docs/RESULTS.md](docs/RESULTS.md)).\n\n",
+            "**Speed.** {} ([docs/RESULTS.md](docs/RESULTS.md)).\n\n",
             doc.notes
                 .get("speed")
                 .map_or("Not measured in this revision", |n| n.trim_end_matches('.'))
