@@ -669,7 +669,10 @@ pub fn render_md(doc: &Doc) -> String {
         s += "\n";
     }
     if !doc.memory.is_empty() {
-        s += "Memory:\n\n";
+        s += &format!(
+            "Memory (the `tq memory` column is what `tq memory -m MODEL -c {MEMORY_CTX}` \
+             computes from the GGUF's metadata, in the same process):\n\n"
+        );
         for x in &doc.memory {
             s += &format!("    {}\n", x.how);
         }
