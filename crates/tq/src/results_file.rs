@@ -641,7 +641,7 @@ pub fn render_md(doc: &Doc) -> String {
     }
 
     s += "## How\n\nEach number's tool command, as run (paths relative to the repository, `~` \
-          the home directory). In target/results-work/, `text-docs.txt` and `text-tools.txt` are the \
+          the home directory). Under target/results-work/, `text-docs.txt` and `text-tools.txt` are the \
           two texts as described above, `one-line.txt` holds `The quick brown fox.` and each \
           group's `kld-base.bin` (the f16 logits) is deleted after the group.\n\n";
     for (m, t, ctx, _) in &groups {
@@ -984,16 +984,25 @@ struct Ctx<'a> {
     root: &'a Path,
     work: PathBuf,
     run: RunInfo,
+    /// everything this run measured so far
+    mine: Doc,
+    /// the file as last written
     doc: Doc,
 }
 
 impl Ctx<'_> {
-    /// Merges `new` into the file and writes the JSON, RESULTS.md and the README block.
-    fn commit(&mut self, mut new: Doc) -> Result<(), String> {
-        new.runs = vec![self.run.clone()];
-        new.ci_table =
+    /// Merges `new` and everything this run measured before into the file as it is on disk
+    /// now (another `tq results` may have written it meanwhile: parts can be measured in
+    /// parallel), and writes the JSON, RESULTS.md and the README block.
+    fn commit(&mut self, new: Doc) -> Result<(), String> {
+        self.mine.merge(&new);
+        self.mine.runs = vec![self.run.clone()];
+        self.mine.ci_table =
             ci_table(&std::fs::read_to_string(self.root.join("docs/CI.md")).unwrap_or_default());
-        self.doc.merge(&new);
+        if let Ok(now) = read_doc(self.root) {
+            self.doc = now;
+        }
+        self.doc.merge(&self.mine);
         write_all(self.root, &self.doc)
     }
 }
@@ -1011,10 +1020,11 @@ fn write_all(root: &Path, doc: &Doc) -> Result<(), String> {
     let w = |p: &str, s: &str| {
         std::fs::write(root.join(p), s).map_err(|e| format!("cannot write {p}: {e}"))
     };
-    w(
-        JSON_PATH,
-        &(serde_json::to_string_pretty(doc).unwrap() + "\n"),
-    )?;
+    // the JSON through a rename: a parallel run never reads half a file
+    let tmp = format!("{JSON_PATH}.{}.tmp", std::process::id());
+    w(&tmp, &(serde_json::to_string_pretty(doc).unwrap() + "\n"))?;
+    std::fs::rename(root.join(&tmp), root.join(JSON_PATH))
+        .map_err(|e| format!("cannot write {JSON_PATH}: {e}"))?;
     w(MD_PATH, &render_md(doc))?;
     let readme = std::fs::read_to_string(root.join(README_PATH))
         .map_err(|e| format!("cannot read {README_PATH}: {e}"))?;
@@ -1108,13 +1118,17 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
         sections: sections.iter().map(|s| s.name().to_string()).collect(),
         wall_s: None,
     };
-    let work = root.join("target/results-work");
+    // one scratch directory per run, so that runs can go in parallel
+    let work = root
+        .join("target/results-work")
+        .join(run.id.replace(':', ""));
     std::fs::create_dir_all(work.join("logs"))
         .map_err(|e| format!("cannot create {}: {e}", work.display()))?;
     let mut cx = Ctx {
         root: &root,
         work,
         run,
+        mine: Doc::default(),
         doc,
     };
     let t0 = Instant::now();
