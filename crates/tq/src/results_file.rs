@@ -37,8 +37,22 @@ pub const TEXTS: &[(&str, &str)] = &[
 /// The text the README's quality table shows.
 pub const README_TEXT: &str = "tools";
 pub const QUALITY_PAIRS: &str = "f16,q8_0,q4_0,turbo4,turbo4/turbo3,turbo3,turbo2,turbo3_tcq";
-/// Context per chunk and chunks of the text: 4096 tokens at 512, 8192 at 4096 and 8192.
-pub const CTX_CHUNKS: &[(u64, u64)] = &[(512, 8), (4096, 2), (8192, 1)];
+/// The quality contexts.
+pub const CTXS: &[u64] = &[512, 4096, 8192];
+/// Context per chunk and chunks of the text, per model: SmolLM2 4096 tokens at 512 and 8192
+/// at 4096 and 8192; Gemma, about twice the compute per token (its 262k-token vocabulary),
+/// half as many at 512 and 4096, so that the matrix stays near two hours on 2 cores.
+pub const CTX_CHUNKS: &[(&str, [(u64, u64); 3])] = &[
+    ("smollm2-135m", [(512, 8), (4096, 2), (8192, 1)]),
+    ("gemma3-270m", [(512, 4), (4096, 1), (8192, 1)]),
+];
+
+fn ctx_chunks(model: &str) -> &'static [(u64, u64)] {
+    CTX_CHUNKS
+        .iter()
+        .find(|c| c.0 == model)
+        .map_or(&[], |c| &c.1)
+}
 pub const SPEED_PAIRS: &str = "f16,q8_0,turbo4/turbo3,turbo3";
 /// llama-bench depths; 16384 is left out: its prefill before every test costs minutes per
 /// pair on 2 cores.
@@ -288,7 +302,7 @@ impl Doc {
         let qpairs = pair_labels(QUALITY_PAIRS);
         for (m, _) in MODELS {
             for (t, _) in TEXTS {
-                for (ctx, _) in CTX_CHUNKS {
+                for ctx in CTXS {
                     let have = qpairs
                         .iter()
                         .filter(|p| {
@@ -432,14 +446,21 @@ pub fn render_md(doc: &Doc) -> String {
     s += &format!(
         "- Quality: llama-perplexity, {THREADS} threads, flash attention on, one sequence per \
          batch (`-b` = ctx); f16 saves the base logits, every other pair runs \
-         `--kl-divergence` against them. Pairs (K/V; one name: K = V): {}. Context × chunks: {} \
-         (the chunks are the text's first ones).\n",
+         `--kl-divergence` against them. Pairs (K/V; one name: K = V): {}. Context × chunks \
+         (the text's first chunks): {}.\n",
         pair_labels(QUALITY_PAIRS).join(", "),
         CTX_CHUNKS
             .iter()
-            .map(|(c, n)| format!("{c} × {n}"))
+            .map(|(m, cs)| format!(
+                "{} {}",
+                model_title(m),
+                cs.iter()
+                    .map(|(c, n)| format!("{c} × {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
             .collect::<Vec<_>>()
-            .join(", ")
+            .join("; ")
     );
     s += &format!(
         "- Speed: llama-bench pp{BENCH_PP} and tg{BENCH_TG} at depths {}, {THREADS} threads, \
@@ -457,10 +478,14 @@ pub fn render_md(doc: &Doc) -> String {
          {MEMORY_CTX}` (it stops after allocating: the text is one line), every quality pair, \
          next to `tq memory`'s figure.\n"
     );
-    s += "- The full matrix is 96 llama-perplexity runs (655k tokens through the models: 8 \
-          pairs × 20480 tokens × 2 models × 2 texts), 8 llama-bench and 16 memory runs; the \
-          chunk counts are chosen for about 1-2 hours on 2 idle cores. Measured wall times per \
-          group (they include the machine's other load, see the runs' load):";
+    s += "- The full matrix is 96 llama-perplexity runs (557k tokens through the models: 8 \
+          pairs × 2 texts × 20480 tokens on SmolLM2, × 14336 on Gemma), 8 llama-bench and 16 \
+          memory runs. The chunk counts aim at about 2 hours on 2 idle cores, an estimate: \
+          SmolLM2's 4096 × 2 runs took about a minute each on a quiet machine \
+          ([JOURNAL.md](JOURNAL.md), 5m37s for five), 512 × 8 about half that, 8192 × 1 about \
+          as long as 4096 × 2 plus its longer attention, and Gemma costs about twice as much a \
+          token. Measured wall times per group (they include the machine's other load: see the \
+          runs' load):";
     if doc.timings.is_empty() {
         s += " none yet.\n\n";
     } else {
@@ -745,7 +770,7 @@ pub fn render_readme(doc: &Doc) -> String {
     let text = README_TEXT;
     let mut cols: Vec<(&str, u64)> = Vec::new();
     for (m, _) in MODELS {
-        for (ctx, _) in CTX_CHUNKS {
+        for ctx in CTXS {
             if doc
                 .quality
                 .iter()
@@ -1058,7 +1083,7 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
         }
     }
     for c in &o.ctx {
-        if !CTX_CHUNKS.iter().any(|x| x.0 == *c) {
+        if !CTXS.contains(c) {
             return Err(format!(
                 "--ctx: {c} is not in the matrix (valid: 512, 4096, 8192)"
             ));
@@ -1187,7 +1212,7 @@ fn quality(cx: &mut Ctx, models: &[&str], o: &Options) -> Result<bool, String> {
                 "docs" => corpus::docs_corpus(&text)?,
                 _ => corpus::tools_corpus(&text)?,
             };
-            for &(ctx, chunks) in CTX_CHUNKS
+            for &(ctx, chunks) in ctx_chunks(m)
                 .iter()
                 .filter(|c| o.ctx.is_empty() || o.ctx.contains(&c.0))
             {
