@@ -481,8 +481,8 @@ pub fn render_md(doc: &Doc) -> String {
     s += "- The full matrix is 96 llama-perplexity runs (557k tokens through the models: 8 \
           pairs × 2 texts × 20480 tokens on SmolLM2, × 14336 on Gemma), 8 llama-bench and 16 \
           memory runs. The chunk counts aim at about 2 hours on 2 idle cores, an estimate: \
-          SmolLM2's 4096 × 2 runs took about a minute each on a quiet machine \
-          ([JOURNAL.md](JOURNAL.md), 5m37s for five), 512 × 8 about half that, 8192 × 1 about \
+          SmolLM2's 4096 × 2 runs took about a minute each in an earlier measurement \
+          ([JOURNAL.md](JOURNAL.md): 5m37s for five), 512 × 8 about half that, 8192 × 1 about \
           as long as 4096 × 2 plus its longer attention, and Gemma costs about twice as much a \
           token. Measured wall times per group (they include the machine's other load: see the \
           runs' load):";
