@@ -1,9 +1,15 @@
-//! The default evaluation text: the llama.cpp docs of the pinned tree. A text the user
-//! passes with `-f` replaces it; held-out texts are chosen per measurement (docs/JOURNAL.md).
+//! The evaluation texts, both from the pinned llama.cpp tree: the docs (every `*.md` of
+//! vendor/llama.cpp/docs, the default of `tq eval` and `tq capture` and the text the tests
+//! use) and the held-out tools text (every vendor/llama.cpp/tools/*/README.md, which no
+//! setting here was chosen on; `tq results` reports both). A text the user passes with `-f`
+//! replaces them.
 
 use std::path::{Path, PathBuf};
 
-fn docs_dir() -> Option<PathBuf> {
+/// The repository this executable was built in (target/<profile>/tq), else the source
+/// tree it was compiled from, else the current directory: the first that holds
+/// vendor/llama.cpp.
+pub fn repo_root() -> Option<PathBuf> {
     let mut cands = Vec::new();
     if let Ok(exe) = std::env::current_exe() {
         // target/<profile>/tq -> repository root
@@ -17,8 +23,11 @@ fn docs_dir() -> Option<PathBuf> {
     }
     cands
         .into_iter()
-        .map(|r| r.join("vendor/llama.cpp/docs"))
-        .find(|d| d.is_dir())
+        .find(|r| r.join("vendor/llama.cpp/docs").is_dir())
+}
+
+fn docs_dir() -> Option<PathBuf> {
+    repo_root().map(|r| r.join("vendor/llama.cpp/docs"))
 }
 
 fn collect_md(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
@@ -52,5 +61,29 @@ pub fn docs_corpus(dest: &Path) -> Result<(PathBuf, String), String> {
     Ok((
         dest.to_path_buf(),
         format!("{} ({} *.md files)", dir.display(), files.len()),
+    ))
+}
+
+/// Concatenates every `vendor/llama.cpp/tools/*/README.md` (sorted by path) into `dest`:
+/// the held-out text of `tq results`. Returns the path and a description.
+pub fn tools_corpus(dest: &Path) -> Result<(PathBuf, String), String> {
+    let dir = repo_root()
+        .map(|r| r.join("vendor/llama.cpp/tools"))
+        .ok_or("the llama.cpp tree (vendor/llama.cpp) was not found next to the repository of this executable")?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("reading {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path().join("README.md")))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let mut text = String::new();
+    for f in &files {
+        text += &std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+        text.push('\n');
+    }
+    std::fs::write(dest, text).map_err(|e| format!("writing {}: {e}", dest.display()))?;
+    Ok((
+        dest.to_path_buf(),
+        format!("{}/*/README.md ({} files)", dir.display(), files.len()),
     ))
 }

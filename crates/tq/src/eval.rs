@@ -262,13 +262,15 @@ impl Row {
             error: None,
             bench: vec![],
             bench_error: None,
+            ppl_cmd: None,
+            bench_cmd: None,
         }
     }
 }
 
 // ---------------------------------------------------------------- running
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct Options {
     /// .gguf path or known model name; repeat for several (default: smollm2-135m)
     #[arg(short = 'm', long = "model")]
@@ -329,7 +331,28 @@ fn find_tool(name: &str) -> Result<PathBuf, String> {
     Err(last)
 }
 
-fn run_tool(
+/// The command line `run_tool` runs, as a shell would take it (environment first).
+pub(crate) fn command_line(name: &str, args: &[OsString], env: &[(&str, &str)]) -> String {
+    let exe = models::sibling_tool(name).unwrap_or_else(|_| PathBuf::from(name));
+    let quote = |s: &str| {
+        if !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./,=:+@%~".contains(c))
+        {
+            s.to_string()
+        } else {
+            format!("'{}'", s.replace('\'', "'\\''"))
+        }
+    };
+    env.iter()
+        .map(|(k, v)| format!("{k}={}", quote(v)))
+        .chain(std::iter::once(quote(&exe.to_string_lossy())))
+        .chain(args.iter().map(|a| quote(&a.to_string_lossy())))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub(crate) fn run_tool(
     name: &str,
     args: &[OsString],
     env: &[(&str, &str)],
@@ -436,17 +459,49 @@ fn log_name(label: &str) -> String {
     label.replace('/', "_")
 }
 
-fn eval_model(
+/// Perplexity and KLD of every pair (f16 first, as the base), then llama-bench when
+/// `o.bench` is set.
+pub(crate) fn eval_model(
     o: &Options,
     pairs: &[Pair],
     path: &Path,
     out: &Path,
+) -> Result<ModelResults, String> {
+    run_model(o, pairs, path, out, true)
+}
+
+/// llama-bench alone for every pair (f16 first), as `tq eval --bench` runs it.
+pub(crate) fn bench_model(
+    o: &Options,
+    pairs: &[Pair],
+    path: &Path,
+    out: &Path,
+) -> Result<ModelResults, String> {
+    run_model(
+        &Options {
+            bench: true,
+            ..o.clone()
+        },
+        pairs,
+        path,
+        out,
+        false,
+    )
+}
+
+fn run_model(
+    o: &Options,
+    pairs: &[Pair],
+    path: &Path,
+    out: &Path,
+    perplexity: bool,
 ) -> Result<ModelResults, String> {
     let md = gguf::Metadata::read(path).map_err(|e| e.to_string())?;
     // bits per value and bytes per token only: an architecture whose cache `tq memory`
     // does not size still gets the per-layer reading
     let geo = kv::Geometry::from_gguf(&md).or_else(|_| kv::Geometry::plain(&md))?;
     let (text, text_desc) = match &o.text {
+        _ if !perplexity => (PathBuf::new(), String::new()),
         Some(t) => {
             if !t.is_file() {
                 return Err(format!("no text file {}", t.display()));
@@ -466,7 +521,7 @@ fn eval_model(
     all.extend(pairs.iter().filter(|p| !p.is_f16()).copied());
     let mut rows: Vec<Row> = all.iter().map(|p| Row::new(p, &geo)).collect();
 
-    let total = all.len() as u64 * if o.bench { 2 } else { 1 };
+    let total = all.len() as u64 * (u64::from(perplexity) + u64::from(o.bench));
     let pb = indicatif::ProgressBar::new(total);
     pb.set_style(
         indicatif::ProgressStyle::with_template(
@@ -509,7 +564,7 @@ fn eval_model(
     };
 
     let mut base_ppl = None;
-    for (i, p) in all.iter().enumerate() {
+    for (i, p) in all.iter().enumerate().filter(|_| perplexity) {
         let label = p.label();
         pb.set_message(format!("{stem}: perplexity {label}"));
         let mut args = common(p);
@@ -517,6 +572,7 @@ fn eval_model(
             args.push("--kl-divergence".into());
         }
         let row = &mut rows[i];
+        row.ppl_cmd = Some(command_line("llama-perplexity", &args, &p.env()));
         let res = run_tool("llama-perplexity", &args, &p.env()).and_then(|(code, so, se)| {
             let text = format!("{so}{se}");
             let _ = std::fs::write(
@@ -602,6 +658,7 @@ fn eval_model(
             ] {
                 args.push(s.into());
             }
+            rows[i].bench_cmd = Some(command_line("llama-bench", &args, &p.env()));
             let res = run_tool("llama-bench", &args, &p.env()).and_then(|(code, so, se)| {
                 let _ = std::fs::write(
                     out.join("logs")

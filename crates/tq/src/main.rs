@@ -14,6 +14,7 @@ mod models;
 mod plot;
 mod progress;
 mod results;
+mod results_file;
 
 use clap::{Parser, Subcommand};
 use std::process::{Command, ExitCode};
@@ -86,6 +87,11 @@ enum Cmd {
     /// (llama-perplexity), optionally t/s by depth (llama-bench); writes results.md,
     /// results.json and PNG plots. Tools come from next to `tq` or from $TQ_LLAMA_BIN_DIR.
     Eval(eval::Options),
+    /// Measure the project's fixed results matrix (quality at 512/4096/8192 on two models and
+    /// two texts, speed at depth, KV memory) with `tq eval`'s runner and merge it into
+    /// docs/results.json, docs/RESULTS.md and the README's results block; `--only`,
+    /// `--models`, `--ctx`, `--texts` re-measure a part, `--readme` only re-renders.
+    Results(results_file::Options),
     /// Run a GGUF model through llama.cpp (f16 KV cache) over a text and save every layer's
     /// post-RoPE K and Q and V, per head, for the lab subcommands below.
     Capture {
@@ -180,6 +186,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             memory(model.as_deref(), &p, json)
         }
         Cmd::Eval(o) => eval::run(o),
+        Cmd::Results(o) => results_file::run(o),
         Cmd::Capture {
             model,
             text,

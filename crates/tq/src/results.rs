@@ -1,10 +1,10 @@
 //! What `tq eval` produces: one row per cache pair (quality, size, speed) per model, and
 //! its Markdown table. The runner (eval.rs) fills it, the plots (plot.rs) draw it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct KldStats {
     pub ppl: f64,
     pub ppl_err: f64,
@@ -39,6 +39,9 @@ pub struct Row {
     pub error: Option<String>,
     pub bench: Vec<BenchPoint>,
     pub bench_error: Option<String>,
+    /// the llama-perplexity and llama-bench command lines that made this row
+    pub ppl_cmd: Option<String>,
+    pub bench_cmd: Option<String>,
 }
 
 impl Row {
