@@ -290,11 +290,18 @@ fn short_first_ubatch_takes_the_k_statistics() {
 #[ignore = "issue 35 item 3: the K statistics are per cache, not per sequence (turbo4 KLD 0.031 batched vs alone)"]
 fn same_chunks_alone_or_batched_give_the_same_logits() {
     for (ctk, env_off) in [("f16", false), ("turbo4", true), ("turbo4", false)] {
-        let base = std::env::temp_dir().join(format!("tq-kld-base-batch-{ctk}-{env_off}-{}.bin", std::process::id()));
+        let base = std::env::temp_dir().join(format!(
+            "tq-kld-base-batch-{ctk}-{env_off}-{}.bin",
+            std::process::id()
+        ));
         let ppl = |batch: &str, save: bool| {
             let mut cmd = perplexity_cmd(&corpus());
-            cmd.args(["-c", "128", "--chunks", "4", "-fa", "on", "-t", "1", "-b", batch]);
-            cmd.args(["-ctk", ctk, "-ctv", ctk]).arg("--kl-divergence-base").arg(&base);
+            cmd.args([
+                "-c", "128", "--chunks", "4", "-fa", "on", "-t", "1", "-b", batch,
+            ]);
+            cmd.args(["-ctk", ctk, "-ctv", ctk])
+                .arg("--kl-divergence-base")
+                .arg(&base);
             if !save {
                 cmd.arg("--kl-divergence");
             }
@@ -303,7 +310,10 @@ fn same_chunks_alone_or_batched_give_the_same_logits() {
             }
             let o = run(&mut cmd);
             let t = text(&o);
-            assert!(o.status.success(), "llama-perplexity {ctk} -b {batch} failed:\n{t}");
+            assert!(
+                o.status.success(),
+                "llama-perplexity {ctk} -b {batch} failed:\n{t}"
+            );
             t
         };
         ppl("128", true);
@@ -311,7 +321,10 @@ fn same_chunks_alone_or_batched_give_the_same_logits() {
         let _ = std::fs::remove_file(&base);
         let (k, e) = value_pm(&out, "Mean    KLD:").expect("KLD batched vs alone");
         eprintln!("{ctk} (TQ_K_MEAN=0: {env_off}): 4 chunks batched vs alone, KLD {k:.6} ± {e:.6}");
-        assert!(k.abs() < 1e-4, "{ctk} (TQ_K_MEAN=0: {env_off}): batched vs alone KLD {k:.6} ± {e:.6}, want < 1e-4");
+        assert!(
+            k.abs() < 1e-4,
+            "{ctk} (TQ_K_MEAN=0: {env_off}): batched vs alone KLD {k:.6} ± {e:.6}, want < 1e-4"
+        );
     }
 }
 
