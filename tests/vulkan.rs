@@ -188,12 +188,14 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
     let (passed, supported) = backend_ops("SET_ROWS,GET_ROWS,CPY,MUL_MAT", "turbo");
     assert_eq!(passed, supported);
     assert!(supported >= 3 * 15, "only {supported} turbo cases ran");
-    // flash attention: every head size for the symmetric pairs (decode, prefill, softcap,
-    // sinks and the GQA shapes), the mixed pairs at 128
+    // flash attention: head sizes 64 and 128 for the symmetric pairs (decode, prefill, softcap,
+    // sinks and the GQA shapes), 256 for turbo4, the mixed pairs at 128
     let mut fa = 0;
     for hs in [64, 128, 256] {
         for (k, v) in FA_PAIRS {
-            if k != v && hs != 128 {
+            // head size 256 (Gemma's) for turbo4/turbo4 only: its 16 decode cases take over six
+            // minutes on lavapipe on a loaded 2-core machine
+            if (k != v && hs != 128) || (hs == 256 && k != "turbo4") {
                 continue;
             }
             // decode (one or two queries) and prefill shapes in separate processes: lavapipe
