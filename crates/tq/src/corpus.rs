@@ -51,13 +51,7 @@ pub fn docs_corpus(dest: &Path) -> Result<(PathBuf, String), String> {
     )?;
     let mut files = Vec::new();
     collect_md(&dir, &mut files).map_err(|e| format!("reading {}: {e}", dir.display()))?;
-    files.sort();
-    let mut text = String::new();
-    for f in &files {
-        text += &std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
-        text.push('\n');
-    }
-    std::fs::write(dest, text).map_err(|e| format!("writing {}: {e}", dest.display()))?;
+    concat(&mut files, dest)?;
     Ok((
         dest.to_path_buf(),
         format!("{} ({} *.md files)", dir.display(), files.len()),
@@ -75,15 +69,20 @@ pub fn tools_corpus(dest: &Path) -> Result<(PathBuf, String), String> {
         .filter_map(|e| e.ok().map(|e| e.path().join("README.md")))
         .filter(|p| p.is_file())
         .collect();
-    files.sort();
-    let mut text = String::new();
-    for f in &files {
-        text += &std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
-        text.push('\n');
-    }
-    std::fs::write(dest, text).map_err(|e| format!("writing {}: {e}", dest.display()))?;
+    concat(&mut files, dest)?;
     Ok((
         dest.to_path_buf(),
         format!("{}/*/README.md ({} files)", dir.display(), files.len()),
     ))
+}
+
+/// Writes `files`, sorted by path, one after another (a newline after each) into `dest`.
+fn concat(files: &mut [PathBuf], dest: &Path) -> Result<(), String> {
+    files.sort();
+    let mut text = String::new();
+    for f in files.iter() {
+        text += &std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+        text.push('\n');
+    }
+    std::fs::write(dest, text).map_err(|e| format!("writing {}: {e}", dest.display()))
 }
