@@ -193,7 +193,8 @@ fn k_statistics_leave_out_the_exact_first_key() {
 }
 
 /// The exact first keys (ggml-ext/llama/tq-sink.h): slots written as llama writes them;
-/// the prefill path and every flash-attention tile path over turbo K/V read a slot's exact
+/// the prefill path, every flash-attention tile path over turbo K/V and the lowered form
+/// (per-head mask, corrected keys: a device without the terms) read a slot's exact
 /// row exactly where a cell at position 0 matches it byte for byte, per KV head, and never
 /// the write-only last row.
 #[test]

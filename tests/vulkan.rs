@@ -248,12 +248,16 @@ const CHUNKS: &str = "2";
 const F16_RATIO: f64 = 0.02;
 const F16_KLD: f64 = 0.015;
 
-/// turbo4 K / turbo3 V on the device against the CPU with the statistics the device gets (the
-/// fitted K mean, no exact first key: its flash attention does not take the turbo K terms),
-/// both paired with the CPU's f16 logits: the two KLDs may differ by about the backends' own
-/// f16 difference (0.0056), no more. Measured: at this CTX/CHUNKS Vulkan 0.04651 against the
-/// CPU's 0.05042 (gap 0.0039), at 4 x 512 0.05207 against 0.05249 (gap 0.0004); a wrong turbo
-/// decode or encode moves the KLD by far more (turbo3 K instead of turbo4 K is +0.057 here).
+/// turbo4 K / turbo3 V on the device against the CPU's default, both paired with the CPU's f16
+/// logits. The device does not run the turbo K terms in its flash attention; llama lowers them
+/// to a per-head mask and corrected prefill keys (docs/KV-CACHE.md), which compute the same
+/// attention up to rounding. Rounding alone moves a quantized cache's KLD: the next layer's K
+/// and V land on other codes (docs/RELIABILITY.md). Measured gaps between two roundings of the
+/// same cache: at this CTX/CHUNKS Vulkan 0.03898 against the CPU's 0.03880 (0.0002); at 4 x 512
+/// 0.0343 against 0.0401 (0.0058; the CPU with the decode's kernel for prefill gives 0.0348
+/// there); the fitted statistics on both backends 0.0465 against 0.0504 (0.0039). A wrong term
+/// or decode moves the KLD by far more (turbo3 K instead of turbo4 K: +0.057); the terms'
+/// exactness is the ggml-level tests' job (tests/ggml_ops.rs), their use here the log's.
 const TURBO_KLD_GAP: f64 = 0.008;
 
 fn ppl_run(
@@ -331,29 +335,28 @@ fn perplexity_on_vulkan_matches_the_cpu() {
         failures.push(format!("f16: mean KLD {kld_f16} > {F16_KLD}"));
     }
 
-    // turbo4/turbo3: the cache lives on the device, its flash attention runs there without the
-    // K terms (logged), and it computes what the CPU does with the same statistics
+    // turbo4/turbo3: the cache lives on the device, its flash attention runs there with the K
+    // terms lowered to a per-head mask (logged), and it computes what the CPU does
     let out = ppl_run(&text, &base, false, true, "turbo4", "turbo3", &[]);
     assert!(
         out.contains("Vulkan0 KV buffer size") && !out.contains("has no kernels for a"),
         "turbo4/turbo3: the KV cache is not on Vulkan0:\n{out}"
     );
     assert!(
-        out.contains("whose flash attention does not take the turbo K terms"),
-        "turbo4/turbo3: no log line for the K terms the device refuses:\n{out}"
+        out.contains("turbo K mean in RoPE's frame: on")
+            && out.contains("on Vulkan0, whose flash attention does not take them")
+            && out.contains("take them as a mask per head"),
+        "turbo4/turbo3: no log line for the lowered K terms on the device:\n{out}"
     );
     let kld_vk = value(&out, "Mean    KLD:");
-    let same = ["--tq-k-mean-frame", "fitted", "--tq-k-sink", "off"];
-    let out = ppl_run(&text, &base, false, false, "turbo4", "turbo3", &same);
+    let out = ppl_run(&text, &base, false, false, "turbo4", "turbo3", &[]);
     let kld_cpu = value(&out, "Mean    KLD:");
     eprintln!(
-        "turbo4/turbo3: Vulkan0 KLD {kld_vk:.6}, CPU with the same statistics {kld_cpu:.6} \
-         (max gap {TURBO_KLD_GAP})"
+        "turbo4/turbo3: Vulkan0 KLD {kld_vk:.6}, CPU {kld_cpu:.6} (max gap {TURBO_KLD_GAP})"
     );
     if !(kld_vk.is_finite() && (kld_vk - kld_cpu).abs() <= TURBO_KLD_GAP) {
         failures.push(format!(
-            "turbo4/turbo3: Vulkan KLD {kld_vk} is more than {TURBO_KLD_GAP} from the CPU's \
-             {kld_cpu} (same statistics)"
+            "turbo4/turbo3: Vulkan KLD {kld_vk} is more than {TURBO_KLD_GAP} from the CPU's {kld_cpu}"
         ));
     }
     let _ = std::fs::remove_file(&base);

@@ -284,7 +284,7 @@ static inline ggml_tensor * tq_rf_keep(ggml_context * ctx, ggml_tensor ** q_cur,
 /* Decode: the mask [n_kv, nt, 1, ns] plus kq_scale * q.R_p mu' per head, from the coefficients
    A [hd, nq, nt ns] and the cells' table T [hd, n_kv ns]: [n_kv, nt, nq, ns] in the mask's type. */
 static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T,
-                                       float kq_scale) {
+                                       float kq_scale, ggml_tensor * extra = nullptr) {
     // ns streams in view: the mask is [n_kv, n_tps, 1, ns], T's columns and A's tokens come in
     // ns blocks, and each block's tokens see only that block's cells
     const int64_t ns = mask->ne[3], n_kv = mask->ne[0], n_tps = mask->ne[1], nq = A->ne[1], hd = A->ne[0];
@@ -292,6 +292,9 @@ static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, g
     ggml_tensor * b = ggml_mul_mat(ctx, ggml_reshape_4d(ctx, T, hd, n_kv, 1, ns),
                                    ggml_reshape_4d(ctx, A, hd, nq * n_tps, 1, ns));        // [n_kv, nq n_tps, 1, ns]
     b = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, b, n_kv, nq, n_tps, ns), 0, 2, 1, 3)); // [n_kv, n_tps, nq, ns]
+    if (extra) {
+        b = ggml_add(ctx, b, extra); // more raw-logit terms of the same layout (tq_sink_mask_delta)
+    }
     ggml_tensor * m = mask->type == GGML_TYPE_F32 ? mask : ggml_cast(ctx, mask, GGML_TYPE_F32);
     b = ggml_add(ctx, ggml_scale(ctx, b, kq_scale), m);
     return mask->type == GGML_TYPE_F32 ? b : ggml_cast(ctx, b, mask->type);
@@ -305,7 +308,7 @@ static inline ggml_tensor * tq_rf_keys(ggml_context * ctx, ggml_tensor * k, ggml
                                        ggml_tensor * rot, tq_rf_pairs pr,
                                        ggml_tensor * (*rotate)(ggml_context *, ggml_tensor *, ggml_tensor *),
                                        ggml_tensor * S = nullptr, ggml_tensor * sink_rows = nullptr,
-                                       ggml_tensor * sink_q = nullptr) {
+                                       ggml_tensor * sink_q = nullptr, ggml_tensor * k_extra = nullptr) {
     GGML_ASSERT(k->ne[2] * k->ne[3] == T->ne[1]); // ne[3]: the view's streams, T's column blocks
     ggml_tensor * rm = tq_rf_rotate_mean(ctx, mu, T, pr); // [hd, nkv, n_kv ns], channel frame
     if (rot) {
@@ -314,6 +317,9 @@ static inline ggml_tensor * tq_rf_keys(ggml_context * ctx, ggml_tensor * k, ggml
     ggml_tensor * k32 = ggml_cast(ctx, k, GGML_TYPE_F32);
     if (S && sink_rows && sink_q) {
         k32 = tq_sink_keys(ctx, k32, k, S, sink_rows, sink_q);
+    }
+    if (k_extra) {
+        k32 = ggml_add(ctx, k32, k_extra); // the lowered first keys (tq_sink_keys_delta)
     }
     return ggml_add(ctx, k32, ggml_reshape_4d(ctx, rm, k->ne[0], k->ne[1], k->ne[2], k->ne[3]));
 }

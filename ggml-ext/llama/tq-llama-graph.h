@@ -53,6 +53,9 @@ public:
         if (cells) {
             kv->tq_sink_fill_cells(*ubatch, cells, kv_streams, cells_slots);
         }
+        if (sel_cells) {
+            kv->tq_sink_fill_select(*ubatch, sel_cells, sel_slots, sel_onehot);
+        }
         for (size_t i = 0; i < tab_ub.size(); ++i) {
             kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i], tab_kv[i], kv_streams, cells);
         }
@@ -84,6 +87,10 @@ public:
     // keys (C of tq-fa-contract.h; slots all -1 unless cells_slots)
     ggml_tensor * cells = nullptr;
     bool cells_slots = false;
+    // the lowered first keys (tq_sink_delta), for layers whose device takes the terms as a mask:
+    // per stream the cells that have a slot, i32 [n_sel, ns]; their slots i32 [n_sel ns]; and the
+    // one-hot map entry -> cell f32 [n_sel, n_kv, 1, ns] (tq_sink_fill_select)
+    ggml_tensor * sel_cells = nullptr, * sel_slots = nullptr, * sel_onehot = nullptr;
 
     // per layer, the turbo K terms its flash attention takes (tq_llama_fa_k_terms)
     struct fa_terms {
@@ -226,16 +233,38 @@ static inline bool tq_sink_graph(ggml_context * ctx, tq_kmean_input * in, const 
     return true;
 }
 
+// The lowered first keys' selection inputs of a graph (tq_sink_fill_select), made once.
+static inline void tq_sink_select_inputs(ggml_context * ctx, tq_kmean_input * in, int64_t n_kv, int64_t ns) {
+    if (in->sel_cells) {
+        GGML_ASSERT(in->sel_onehot->ne[1] == n_kv && in->sel_onehot->ne[3] == ns);
+        return;
+    }
+    const int64_t n_sel = in->kv->tq_sink_slots();
+    in->sel_cells = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_sel, ns);
+    in->sel_slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_sel * ns);
+    in->sel_onehot = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, n_sel, n_kv, 1, ns);
+    for (ggml_tensor * t : { in->sel_cells, in->sel_slots, in->sel_onehot }) {
+        ggml_set_input(t);
+    }
+    ggml_set_name(in->sel_cells, "tq_sink_sel_cells");
+    ggml_set_name(in->sel_slots, "tq_sink_sel_slots");
+    ggml_set_name(in->sel_onehot, "tq_sink_sel_onehot");
+}
+
 // The patch's call in build_attn after the mask is known: with the mean in RoPE's frame
-// (tq-kmean-rope.h) the per-key term q.R_p mu' goes back into attention: for few queries
-// as the turbo K terms of flash attention (flash_attn on, K and V turbo; tq-fa-contract.h,
-// attached by tq_llama_fa_k_terms), or else a per-head mask, for a prefill into K decoded to
-// f32 (rot: the cache's rotation). Where the terms go to flash attention, the first keys are
-// kept exact (tq-sink.h): k_cur, the ubatch's K as the cache got it, goes to their slots too,
-// and flash attention and the prefill path read them.
+// (tq-kmean-rope.h) the per-key term q.R_p mu' goes back into attention, and where flash
+// attention runs over turbo K and V the first keys are kept exact (tq-sink.h): k_cur, the
+// ubatch's K as the cache got it, goes to their slots. Three forms:
+// - the turbo K terms of flash attention (tq-fa-contract.h, attached by tq_llama_fa_k_terms)
+//   for few queries, on a device that runs them;
+// - where the device does not (tq_kmean_rope_masked), the same terms lowered to ops every
+//   backend has: a per-head mask carrying the term and q.(R_j - k_c) at the first keys' cells
+//   (tq_sink_mask_delta), q: the queries flash attention gets;
+// - for a prefill, or without flash attention over turbo K and V, K decoded to f32 with
+//   R_p mu' added (rot: the cache's rotation) and the first keys in place, or the mask alone.
 static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor ** kq_mask, ggml_tensor ** k,
                                     const ggml_tensor * v, bool flash_attn, const llama_kv_cache_context * mctx, int il,
-                                    float kq_scale, ggml_tensor * rot, int rope_type, ggml_tensor * k_cur) {
+                                    float kq_scale, ggml_tensor * rot, int rope_type, ggml_tensor * k_cur, ggml_tensor * q) {
     const llama_kv_cache * kv = mctx->tq_kv();
     ggml_tensor * k_mean = mctx->tq_get_k_mean(il);
     tq_kmean_input * in = tq_kmean_rope_is(k_mean) ? tq_kmean_input_find(res, kv) : nullptr;
@@ -249,36 +278,45 @@ static inline void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, 
     ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, n_cells + TQ_FA_TERM_STEPS, "tq_kmean_rope_kv");
     GGML_ASSERT(tab->ne[1] == n_cells + TQ_FA_TERM_STEPS);
     ggml_tensor * tab_cells = ggml_view_2d(ctx, tab, tab->ne[0], n_cells, tab->nb[1], 0);
-    const bool terms = flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type);
+    const bool turbo_fa = flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type);
+    const bool masked = kv->tq_kmean_rope_masked(il);
+    const bool terms = turbo_fa && !masked;
     ggml_tensor * sink_rows = nullptr, * sink_q = nullptr;
-    const bool sink = terms && tq_sink_graph(ctx, in, kv, il, k_cur, A->ne[2], &sink_rows, &sink_q);
+    const bool sink = turbo_fa && tq_sink_graph(ctx, in, kv, il, k_cur, A->ne[2], &sink_rows, &sink_q);
     // K decoded to f32 with R_p mu' added (tq_rf_keys) only for the tiled kernel of a CPU
-    // prefill (tq_llama_prefill_decode); where that is off (TQ_PREFILL_DECODE=0) a prefill
-    // over turbo K and V takes the decode's turbo K terms, the same float order as a decode
+    // prefill (tq_llama_prefill_decode) and for a prefill on a device without the terms; where
+    // that is off (TQ_PREFILL_DECODE=0) a prefill over turbo K and V on the CPU takes the
+    // decode's turbo K terms, the same float order as a decode
     const bool prefill = A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS && (!terms || tq_ggml_decode_for_prefill(*k, v, A->ne[2]));
     // an input the graph does not read would have no memory: the cells only where flash
-    // attention or the prefill's first keys read them
-    if (!in->cells && ((terms && !prefill) || sink)) {
+    // attention or the CPU prefill's first keys read them
+    if (!in->cells && ((terms && !prefill) || (sink && !masked))) {
         in->cells = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_cells, 2);
         ggml_set_input(in->cells);
         ggml_set_name(in->cells, "tq_kv_cells");
     }
-    in->cells_slots = in->cells_slots || sink;
+    in->cells_slots = in->cells_slots || (sink && !masked);
     GGML_ASSERT(!in->cells || in->cells->ne[0] == n_cells);
+    ggml_tensor * sink_d = nullptr; // the lowered first keys' corrections (tq_sink_delta)
+    if (sink && masked) {
+        tq_sink_select_inputs(ctx, in, (*k)->ne[2], (*k)->ne[3]);
+        sink_d = tq_sink_delta(ctx, *k, in->sel_cells, in->sel_slots, sink_rows, sink_q);
+    }
     if (prefill) {
         const int64_t hd = (*k)->ne[0];
         ggml_tensor * mu = tq_kmean_view(ctx, k_mean, hd, (*k)->ne[1]);
-        ggml_tensor * slots = sink ? ggml_view_1d(ctx, in->cells, n_cells, in->cells->nb[1]) : nullptr;
+        ggml_tensor * slots = sink && !masked ? ggml_view_1d(ctx, in->cells, n_cells, in->cells->nb[1]) : nullptr;
         const tq_rf_pairs pr = { rope_type != LLAMA_ROPE_TYPE_NORM, kv->tq_kmean_n_rot(il) };
-        *k = tq_rf_keys(ctx, *k, mu, tab_cells, rot, pr, llama_mul_mat_hadamard, slots,
-                        sink_rows, sink_q);
+        *k = tq_rf_keys(ctx, *k, mu, tab_cells, rot, pr, llama_mul_mat_hadamard, slots, sink_rows, sink_q,
+                        sink_d ? tq_sink_keys_delta(ctx, sink_d, in->sel_onehot) : nullptr);
     } else if (terms) {
         if (in->fa.size() <= (size_t) il) {
             in->fa.resize(il + 1);
         }
         in->fa[il] = { ggml_is_contiguous(A) ? A : ggml_cont(ctx, A), tab, in->cells, sink_rows, sink_q };
     } else {
-        *kq_mask = tq_rf_mask(ctx, *kq_mask, A, tab_cells, kq_scale);
+        *kq_mask = tq_rf_mask(ctx, *kq_mask, A, tab_cells, kq_scale,
+                              sink_d ? tq_sink_mask_delta(ctx, q, sink_d, in->sel_onehot) : nullptr);
     }
 }
 

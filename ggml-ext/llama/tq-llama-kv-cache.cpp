@@ -298,13 +298,19 @@ extern "C" int32_t tq_llama_rope_freqs(const llama_model * model, int32_t il, ui
     return (int32_t) f.size();
 }
 
-// Whether the device that holds a layer's K runs flash attention with the turbo K terms
-// (tq-fa-contract.h), asked through ggml's own supports_op with an op of the layer's shape.
+// How the device that holds a layer's K can take the turbo K terms of flash attention
+// (tq-fa-contract.h), asked through ggml's own supports_op with ops of the layer's shape:
+//   TQ_RF_NATIVE  its flash attention runs them (the CPU's turbo tiles, RPC);
+//   TQ_RF_MASKED  it does not, but runs flash attention over the layer's K and V with a mask
+//                 per head, the form the terms are lowered to there (tq_rf_mask; prefill:
+//                 tq_rf_keys), from ops every backend has;
+//   TQ_RF_NONE    neither (the fitted mean instead).
 // The terms only ever go with turbo K and V, so a cache of other types asks about turbo4 for
 // both: the question is whether the device implements the contract, on which the mean in
 // RoPE's frame depends for its decode steps.
-static bool tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t hd, int64_t n_head,
-                           int64_t n_head_kv, std::string & dev_name) {
+enum { TQ_RF_NONE = 0, TQ_RF_NATIVE = 1, TQ_RF_MASKED = 2 };
+static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t hd, int64_t n_head,
+                          int64_t n_head_kv, std::string & dev_name) {
     ggml_backend_buffer_type_t buft = k_cache->buffer ? ggml_backend_buffer_get_type(k_cache->buffer) : nullptr;
     ggml_backend_dev_t dev = buft ? ggml_backend_buft_get_device(buft) : nullptr;
     if (!dev) {
@@ -314,10 +320,10 @@ static bool tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_ca
     const bool turbo = TQ_GGML_IS_TURBO(k_cache->type) && TQ_GGML_IS_TURBO(v_cache->type);
     const ggml_type kt = turbo ? k_cache->type : GGML_TYPE_TURBO4, vt = turbo ? v_cache->type : GGML_TYPE_TURBO4;
     if (!dev || hd % ggml_blck_size(kt) != 0 || hd % ggml_blck_size(vt) != 0) {
-        return false;
+        return TQ_RF_NONE;
     }
     const int64_t n_kv = 256;
-    ggml_init_params params = { 16 * ggml_tensor_overhead(), nullptr, true };
+    ggml_init_params params = { 32 * ggml_tensor_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(params);
     ggml_tensor * q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, hd, 1, n_head, 1);
     ggml_tensor * k = ggml_new_tensor_4d(ctx, kt, hd, n_kv, n_head_kv, 1);
@@ -327,9 +333,21 @@ static bool tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_ca
     tq_flash_attn_ext_set_k_terms(fa, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hd, n_head, 1),
                                   ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hd, n_kv + TQ_FA_TERM_STEPS),
                                   ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_kv, 2), nullptr, nullptr);
-    const bool ok = ggml_backend_dev_supports_op(dev, fa);
+    int how = ggml_backend_dev_supports_op(dev, fa) ? TQ_RF_NATIVE : TQ_RF_NONE;
+    if (how == TQ_RF_NONE) {
+        // the lowered form: a decode's per-head mask over the cache's own K and V (a prefill
+        // decodes K, tq_rf_keys, and the turbo V then goes with K of f16)
+        ggml_tensor * k2 = ggml_new_tensor_4d(ctx, k_cache->type, hd, n_kv, n_head_kv, 1);
+        ggml_tensor * v2 = ggml_new_tensor_4d(ctx, v_cache->type, hd, n_kv, n_head_kv, 1);
+        ggml_tensor * mh = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, 1, n_head, 1);
+        ggml_tensor * k16 = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, hd, n_kv, n_head_kv, 1);
+        if (ggml_backend_dev_supports_op(dev, ggml_flash_attn_ext(ctx, q, k2, v2, mh, 1.0f, 0.0f, 0.0f)) &&
+            ggml_backend_dev_supports_op(dev, ggml_flash_attn_ext(ctx, q, k16, v2, mh, 1.0f, 0.0f, 0.0f))) {
+            how = TQ_RF_MASKED;
+        }
+    }
     ggml_free(ctx);
-    return ok;
+    return how;
 }
 
 // Whether this cache keeps the mean in RoPE's frame (tq-kmean-rope.h), decided when the
@@ -346,12 +364,15 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
     }
     const uint32_t n_pos = std::max<uint32_t>(tq_kmean_n_pos, v_cells.empty() ? 1u : v_cells[0].size());
     const char * why = nullptr;
-    std::string why_dev;
+    std::string why_dev, masked_dev;
+    int n_masked = 0;
     tq_rf_layer_set.assign(hparams.n_layer_all, -1);
+    tq_rf_layer_masked.assign(hparams.n_layer_all, 0);
     for (const auto & layer : layers) {
         if (why || !layer.k_mean) {
             continue;
         }
+        int how = TQ_RF_NONE;
         const int64_t hd = hparams.n_embd_head_k(layer.il);
         std::vector<double> w = tq_kmean_rope_freqs(model, hparams, layer.il, n_pos);
         if (!w.empty() && (int64_t) w.size() * 2 < hd) {
@@ -361,11 +382,14 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
         }
         if ((int64_t) w.size() * 2 != hd) {
             why = "a layer without full RoPE of a handled kind";
-        } else if (std::string dev; !tq_fa_terms_on(layer.k, layer.v, hd, hparams.n_head(layer.il),
-                                                     hparams.n_head_kv(layer.il), dev)) {
+        } else if (std::string dev; (how = tq_fa_terms_on(layer.k, layer.v, hd, hparams.n_head(layer.il),
+                                                          hparams.n_head_kv(layer.il), dev)) == TQ_RF_NONE) {
             why_dev = "layer " + std::to_string(layer.il) + "'s K is on " + dev +
-                      ", whose flash attention does not take the turbo K terms (tq-fa-contract.h)";
+                      ", whose flash attention takes neither the turbo K terms (tq-fa-contract.h) nor a mask per head";
             why = why_dev.c_str();
+        } else if (how == TQ_RF_MASKED) {
+            masked_dev = dev;
+            n_masked++;
         }
         size_t set = 0;
         while (set < tq_rf_sets.size() && tq_rf_sets[set] != w) {
@@ -377,12 +401,14 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
             tq_rf_tab_pos.emplace_back();
         }
         tq_rf_layer_set[layer.il] = (int) set;
+        tq_rf_layer_masked[layer.il] = how == TQ_RF_MASKED;
     }
     if (why) {
         tq_rf_sets.clear();
         tq_rf_tab.clear();
         tq_rf_tab_pos.clear();
         tq_rf_layer_set.assign(hparams.n_layer_all, -1);
+        tq_rf_layer_masked.assign(hparams.n_layer_all, 0);
         if (tq_kmean_exact_why) {
             // the fitted mean would not be exact here: no mean (nor balancing, which rides on it)
             tq_kmean_exact_off = true;
@@ -402,6 +428,16 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
     }
     LLAMA_LOG_INFO("%s: turbo K mean in RoPE's frame: on (%zu RoPE frequency set(s); TQ_K_MEAN_FRAME=fitted keeps the "
                    "fitted mean)\n", __func__, tq_rf_sets.size());
+    if (n_masked > 0) {
+        LLAMA_LOG_INFO("%s: turbo K terms: %d layer(s) on %s, whose flash attention does not take them (tq-fa-contract.h), "
+                       "take them as a mask per head and, in a prefill, keys decoded to f32\n", __func__, n_masked,
+                       masked_dev.c_str());
+    }
+}
+
+bool llama_kv_cache::tq_kmean_rope_masked(int32_t il) const {
+    tq_kmean_rope_setup();
+    return il >= 0 && (size_t) il < tq_rf_layer_masked.size() && tq_rf_layer_masked[il] != 0;
 }
 
 ggml_tensor * llama_kv_cache::tq_get_k_sink(int32_t il, int which) const {
@@ -445,13 +481,13 @@ static int32_t tq_sink_cell_slot(const llama_kv_cells & cells, uint32_t c, int64
     return -1;
 }
 
-// Each cell's slot for the cells in view, those of tq_kmean_rope_fill, into row 1 of the
-// cells input C (tq-fa-contract.h); -1 everywhere without slots (with_slots false). Block s
-// of the ubatch's tokens names stream s of the view.
-void llama_kv_cache::tq_sink_fill_cells(const llama_ubatch & ub, ggml_tensor * dst, int64_t n_stream, bool with_slots) const {
-    const int64_t n_cells = dst->ne[0], n_kv = n_cells / n_stream, n_slots = tq_sink_slots();
-    GGML_ASSERT(dst->type == GGML_TYPE_I32 && dst->ne[1] == 2 && n_stream >= 1 && n_cells % n_stream == 0 &&
-                ub.n_tokens % n_stream == 0 && n_kv <= (int64_t) v_cells[0].size());
+// Each cell's slot for the cells in view (n_cells = n_kv per stream, stream after stream;
+// block s of the ubatch's tokens names stream s of the view), -1 without slots.
+std::vector<int32_t> llama_kv_cache::tq_sink_cell_slots(const llama_ubatch & ub, int64_t n_cells, int64_t n_stream,
+                                                        bool with_slots) const {
+    const int64_t n_kv = n_cells / n_stream, n_slots = tq_sink_slots();
+    GGML_ASSERT(n_stream >= 1 && n_cells % n_stream == 0 && ub.n_tokens % n_stream == 0 &&
+                n_kv <= (int64_t) v_cells[0].size());
     const int64_t n_tps = ub.n_tokens / n_stream;
     std::vector<int32_t> slot((size_t) n_cells, -1);
     for (int64_t s = 0; s < n_stream && with_slots; ++s) {
@@ -460,7 +496,44 @@ void llama_kv_cache::tq_sink_fill_cells(const llama_ubatch & ub, ggml_tensor * d
             slot[s * n_kv + c] = tq_sink_cell_slot(cells, (uint32_t) c, n_slots);
         }
     }
-    ggml_backend_tensor_set(dst, slot.data(), dst->nb[1], (size_t) n_cells * sizeof(int32_t));
+    return slot;
+}
+
+// Row 1 of the cells input C (tq-fa-contract.h): each cell's slot, for the cells of
+// tq_kmean_rope_fill.
+void llama_kv_cache::tq_sink_fill_cells(const llama_ubatch & ub, ggml_tensor * dst, int64_t n_stream, bool with_slots) const {
+    GGML_ASSERT(dst->type == GGML_TYPE_I32 && dst->ne[1] == 2);
+    const std::vector<int32_t> slot = tq_sink_cell_slots(ub, dst->ne[0], n_stream, with_slots);
+    ggml_backend_tensor_set(dst, slot.data(), dst->nb[1], slot.size() * sizeof(int32_t));
+}
+
+// The same cells as a selection, for the lowered terms (tq_sink_select in tq-sink.h): per
+// stream s up to n_sel cells that have a slot, their index in the stream (cell_idx i32
+// [n_sel, ns]), their slot (slot_idx i32 [n_sel ns]) and a one-hot map entry -> cell (onehot
+// f32 [n_sel, n_kv, 1, ns]). Unused entries name cell 0 and the write-only last slot row, and
+// map to no cell.
+void llama_kv_cache::tq_sink_fill_select(const llama_ubatch & ub, ggml_tensor * cell_idx, ggml_tensor * slot_idx,
+                                         ggml_tensor * onehot) const {
+    const int64_t n_sel = cell_idx->ne[0], ns = cell_idx->ne[1], n_kv = onehot->ne[1];
+    GGML_ASSERT(cell_idx->type == GGML_TYPE_I32 && slot_idx->type == GGML_TYPE_I32 && onehot->type == GGML_TYPE_F32 &&
+                ggml_nelements(slot_idx) == n_sel * ns && onehot->ne[0] == n_sel && onehot->ne[3] == ns);
+    const std::vector<int32_t> slot = tq_sink_cell_slots(ub, n_kv * ns, ns, true);
+    std::vector<int32_t> ci((size_t) (n_sel * ns), 0), si((size_t) (n_sel * ns), (int32_t) tq_sink_slots());
+    std::vector<float> oh((size_t) (n_sel * n_kv * ns), 0.0f);
+    for (int64_t s = 0; s < ns; ++s) {
+        int64_t i = 0;
+        for (int64_t c = 0; c < n_kv && i < n_sel; ++c) {
+            if (slot[s * n_kv + c] >= 0) {
+                ci[s * n_sel + i] = (int32_t) c;
+                si[s * n_sel + i] = slot[s * n_kv + c];
+                oh[(s * n_kv + c) * n_sel + i] = 1.0f;
+                ++i;
+            }
+        }
+    }
+    ggml_backend_tensor_set(cell_idx, ci.data(), 0, ci.size() * sizeof(int32_t));
+    ggml_backend_tensor_set(slot_idx, si.data(), 0, si.size() * sizeof(int32_t));
+    ggml_backend_tensor_set(onehot, oh.data(), 0, oh.size() * sizeof(float));
 }
 
 int llama_kv_cache::tq_kmean_rope_set(int32_t il) const {

@@ -27,12 +27,13 @@
  * token) and still differ, so taking any slot with those bytes would make one sequence's
  * attention depend on another's.
  *
- * Where it applies: the paths that see decoded keys next to the cells' positions, i.e. the
- * mean in RoPE's frame (tq-kmean-rope.h) with CPU flash attention over turbo K and V: the
- * decode tiles (tq-ggml-fa.h) and, for the same configuration, the prefill path that decodes
- * K to f32 (tq_rf_keys); a decode through a per-head mask (flash attention off) and the
- * fitted mean keep the decoded key, and so does a prefill beside them, so that a sequence
- * gets the same keys however its tokens were batched. For the same reason a first ubatch too
+ * Where it applies: the mean in RoPE's frame (tq-kmean-rope.h) with flash attention over
+ * turbo K and V: on a device that runs the turbo K terms (the CPU, RPC) its decode tiles
+ * (tq-ggml-fa.h) and the prefill path that decodes K to f32 (tq_rf_keys, tq_sink_keys); on
+ * one that does not (tq_kmean_rope_masked: Vulkan), the lowered form below, q.(R_j - k_c) in
+ * the per-head mask of a decode and R_j - k_c added to a prefill's decoded keys. Without
+ * flash attention over turbo K and V, and with the fitted mean, every path keeps the decoded
+ * key, so that a sequence gets the same keys however its tokens were batched. For the same reason a first ubatch too
  * small to give the statistics (fewer than TQ_KMEAN_MIN_TOKENS_SKIP tokens past position 0)
  * runs as KEEP over m = 0, s = 1 while the slots are on (tq_kmean_prepare): the ZERO graph
  * would neither write nor read them. The statistics leave the tokens at position 0 out
@@ -98,6 +99,54 @@ static inline ggml_tensor * tq_sink_keys(ggml_context * ctx, ggml_tensor * k32, 
     ggml_tensor * args[5] = { k32, k, S, rows, q };
     return ggml_custom_4d(ctx, GGML_TYPE_F32, k32->ne[0], k32->ne[1], k32->ne[2], k32->ne[3], args, 5, tq_sink_keys_op,
                           GGML_N_TASKS_MAX, nullptr);
+}
+
+/* The lowered first keys, for a device whose flash attention does not take the turbo K terms
+   (tq_kmean_rope_masked): from ops every backend has, the correction D = R_j - k_c for each
+   selected cell c (one that has a slot j, tq_sink_fill_select) and KV head whose decoded key
+   equals its slot's quantized copy decoded, 0 for every other. The match rule on decoded
+   values is the bytes rule: different bytes decode to different floats except in a block of
+   scale 0, where the cell and the slot both hold the zero key. A decode adds q.D to the
+   selected cells' logits (tq_sink_mask_delta), a prefill adds D to the decoded keys
+   (tq_sink_keys_delta).
+   k: the cache's K view [hd, nkv, n_kv, ns] (heads of a cell contiguous); cell_idx i32
+   [n_sel, ns], slot_idx i32 [n_sel ns]; rows, q: the slots. Returns D f32 [hd, nkv, n_sel, ns]. */
+static inline ggml_tensor * tq_sink_delta(ggml_context * ctx, ggml_tensor * k, ggml_tensor * cell_idx,
+                                          ggml_tensor * slot_idx, ggml_tensor * rows, ggml_tensor * q) {
+    const int64_t hd = k->ne[0], nkv = k->ne[1], n_kv = k->ne[2], ns = k->ne[3], n_sel = cell_idx->ne[0];
+    GGML_ASSERT(k->nb[1] == ggml_row_size(k->type, hd) && cell_idx->ne[1] == ns && ggml_nelements(slot_idx) == n_sel * ns &&
+                rows->ne[0] == hd * nkv && q->ne[0] == hd * nkv);
+    ggml_tensor * kr = ggml_view_3d(ctx, k, hd * nkv, n_kv, ns, k->nb[2], k->nb[3], 0);
+    ggml_tensor * kc = ggml_reshape_3d(ctx, ggml_get_rows(ctx, kr, cell_idx), hd, nkv, n_sel * ns);
+    ggml_tensor * rr = ggml_reshape_3d(ctx, ggml_get_rows(ctx, rows, slot_idx), hd, nkv, n_sel * ns);
+    ggml_tensor * rq = ggml_reshape_3d(ctx, ggml_get_rows(ctx, q, slot_idx), hd, nkv, n_sel * ns);
+    ggml_tensor * differ = ggml_step(ctx, ggml_sum_rows(ctx, ggml_sqr(ctx, ggml_sub(ctx, rq, kc)))); // [1, nkv, n]
+    ggml_tensor * same = ggml_scale_bias(ctx, differ, -1.0f, 1.0f);
+    ggml_tensor * d = ggml_mul(ctx, ggml_sub(ctx, rr, kc), same);
+    return ggml_reshape_4d(ctx, d, hd, nkv, n_sel, ns);
+}
+
+/* A decode's logit corrections q.D at the selected cells: q [hd, nq, n_tps ns] (the queries
+   flash attention gets, rotated), d from tq_sink_delta, onehot f32 [n_sel, n_kv, 1, ns] (entry
+   -> cell). Returns f32 [n_kv, n_tps, nq, ns], the layout of tq_rf_mask's per-head term. */
+static inline ggml_tensor * tq_sink_mask_delta(ggml_context * ctx, ggml_tensor * q, ggml_tensor * d,
+                                               ggml_tensor * onehot) {
+    const int64_t hd = d->ne[0], n_sel = d->ne[2], ns = d->ne[3], nq = q->ne[1], n_kv = onehot->ne[1];
+    const int64_t n_tps = q->ne[2] / ns;
+    GGML_ASSERT(q->ne[0] == hd && q->ne[2] == n_tps * ns && onehot->ne[0] == n_sel && onehot->ne[3] == ns);
+    ggml_tensor * dp = ggml_cont(ctx, ggml_permute(ctx, d, 0, 2, 1, 3));                           // [hd, n_sel, nkv, ns]
+    ggml_tensor * qp = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, nq, n_tps, ns), 0, 2, 1, 3)); // [hd, n_tps, nq, ns]
+    ggml_tensor * qd = ggml_mul_mat(ctx, dp, qp); // [n_sel, n_tps, nq, ns]; head h reads KV head h / (nq / nkv)
+    ggml_tensor * c = ggml_mul_mat(ctx, onehot, ggml_reshape_4d(ctx, qd, n_sel, n_tps * nq, 1, ns)); // [n_kv, n_tps nq, 1, ns]
+    return ggml_reshape_4d(ctx, c, n_kv, n_tps, nq, ns);
+}
+
+/* A prefill's key corrections: D placed at the selected cells, f32 [hd, nkv, n_kv, ns]. */
+static inline ggml_tensor * tq_sink_keys_delta(ggml_context * ctx, ggml_tensor * d, ggml_tensor * onehot) {
+    const int64_t hd = d->ne[0], nkv = d->ne[1], n_sel = d->ne[2], ns = d->ne[3], n_kv = onehot->ne[1];
+    ggml_tensor * dt = ggml_cont(ctx, ggml_transpose(ctx, ggml_reshape_3d(ctx, d, hd * nkv, n_sel, ns))); // [n_sel, hd nkv, ns]
+    ggml_tensor * c = ggml_mul_mat(ctx, dt, ggml_reshape_3d(ctx, onehot, n_sel, n_kv, ns));              // [hd nkv, n_kv, ns]
+    return ggml_reshape_4d(ctx, c, hd, nkv, n_kv, ns);
 }
 
 #endif /* __cplusplus */

@@ -1,7 +1,8 @@
 // ggml-level test of the exact first keys (tq-sink.h), called from tests/ggml_ops.rs: the
 // slots written the way llama writes them (ggml_set_rows into f32 and into K's type), then
-// read by every flash-attention path over turbo K and V and by the prefill path, against f32
-// attention over the keys the match rule says each path must see.
+// read by every flash-attention path over turbo K and V, by the prefill path and by the
+// lowered form a device without the turbo K terms gets (a per-head mask, keys plus a
+// correction), against f32 attention over the keys the match rule says each path must see.
 
 #include "tq-kmean-rope.h"
 #include "tq-sink.h"
@@ -135,6 +136,44 @@ int sink_case(Err & err, int64_t hd, ggml_type kt, ggml_type vt) {
         }
     }
     tq_ggml_set_fa_tile(was_tile);
+
+    // (3) the lowered form (a device whose flash attention does not take the terms): the
+    // cells with a slot as tq_sink_fill_select lists them (cell 9's slot is none, so it is not
+    // listed), then a padding entry that names cell 9 and the write-only row, whose bytes do
+    // match: the one-hot map must keep it out
+    const int64_t n_sel = 5;
+    ggml_tensor * sel = ggml_new_tensor_2d(c.ctx, GGML_TYPE_I32, n_sel, 1), * sel_slot = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, n_sel);
+    ggml_tensor * onehot = ggml_new_tensor_4d(c.ctx, GGML_TYPE_F32, n_sel, nt, 1, 1);
+    const int32_t sel_c[n_sel] = { 0, 5, 20, 9, 0 }, sel_s[n_sel] = { 0, 2, 1, (int32_t) n_slots, (int32_t) n_slots };
+    memset(onehot->data, 0, ggml_nbytes(onehot));
+    for (int64_t i = 0; i < n_sel; ++i) {
+        ((int32_t *) sel->data)[i] = sel_c[i];
+        ((int32_t *) sel_slot->data)[i] = sel_s[i];
+        if (i < 3) ((float *) onehot->data)[sel_c[i] * n_sel + i] = 1.0f;
+    }
+    ggml_tensor * d = tq_sink_delta(c.ctx, kview, sel, sel_slot, rows_w, rq_w);
+    // prefill: decoded keys plus D equal the rule's keys up to one rounding of k + (R - k)
+    ggml_tensor * k32l = ggml_add(c.ctx, ggml_cast(c.ctx, kview, GGML_TYPE_F32), tq_sink_keys_delta(c.ctx, d, onehot));
+    compute(c.ctx, k32l);
+    const std::vector<float> prel = decode(k32l);
+    for (size_t i = 0; i < kref.size(); ++i) {
+        if (!(std::fabs(prel[i] - kref[i]) <= 1e-6f * (1.0f + std::fabs(kref[i])))) {
+            return err.fail("lowered sink prefill (hd %lld): value %zu (cell %zu, head %zu) is %g, want %g", (long long) hd,
+                            i, i / n, (i % n) / hd, prel[i], kref[i]);
+        }
+    }
+    // decode: flash attention without the terms, over a per-head mask that carries q.D
+    ggml_tensor * qc = ggml_cont(c.ctx, ggml_permute(c.ctx, q, 0, 2, 1, 3)); // llama's q: [hd, nq, tokens]
+    ggml_tensor * mask4 = ggml_reshape_4d(c.ctx, mask, nt, nqt, 1, 1);
+    ggml_tensor * mh = tq_rf_mask(c.ctx, mask4, A, T, scale, tq_sink_mask_delta(c.ctx, qc, d, onehot));
+    const double off_low = off(attn(fa_view(kc, kt), fa_view(vc, vt), mh));
+    const double off_mask = off(attn(fa_view(kc, kt), fa_view(vc, vt), tq_rf_mask(c.ctx, mask4, A, T, scale)));
+    // measured (hd 64 / 512 / 128): 4.2e-5 / 1.0e-4 / 9.0e-5, the f16 mask's rounding of
+    // scale q.D; without the corrections 0.24 / 0.40 / 0.78
+    if (off_low > 3e-4 || off_mask < 0.05) {
+        return err.fail("lowered sink FA (hd %lld): vs f32 keys with the matched rows exact %g (want <= 3e-4); without "
+                        "the corrections %g (want >= 0.05)", (long long) hd, off_low, off_mask);
+    }
     return 0;
 }
 
