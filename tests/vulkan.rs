@@ -351,9 +351,7 @@ fn perplexity_on_vulkan_matches_the_cpu() {
     let kld_vk = value(&out, "Mean    KLD:");
     let out = ppl_run(&text, &base, false, false, "turbo4", "turbo3", &[]);
     let kld_cpu = value(&out, "Mean    KLD:");
-    eprintln!(
-        "turbo4/turbo3: Vulkan0 KLD {kld_vk:.6}, CPU {kld_cpu:.6} (max gap {TURBO_KLD_GAP})"
-    );
+    eprintln!("turbo4/turbo3: Vulkan0 KLD {kld_vk:.6}, CPU {kld_cpu:.6} (max gap {TURBO_KLD_GAP})");
     if !(kld_vk.is_finite() && (kld_vk - kld_cpu).abs() <= TURBO_KLD_GAP) {
         failures.push(format!(
             "turbo4/turbo3: Vulkan KLD {kld_vk} is more than {TURBO_KLD_GAP} from the CPU's {kld_cpu}"
