@@ -360,3 +360,46 @@ fn perplexity_on_vulkan_matches_the_cpu() {
     let _ = std::fs::remove_file(&base);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// llama-server with every layer and a turbo4/turbo3 cache on the device answers a chat
+/// request at temperature 0: the answer names the capital the question asks for (SmolLM2
+/// answers "Paris" on the CPU and on lavapipe), and the log shows the cache on Vulkan0 with
+/// the lowered K terms. lavapipe takes about a second a token here.
+#[test]
+fn server_on_vulkan_answers_a_chat_request() {
+    if !device_or_skip("server_on_vulkan_answers_a_chat_request") {
+        return;
+    }
+    let vis = visible_devices();
+    let srv = support::server::Server::start_env(
+        &[
+            "-ngl", "99", "--device", "Vulkan0", "-ctk", "turbo4", "-ctv", "turbo3", "-fa", "on",
+            "-c", "512", "-np", "1", "-lv", "4",
+        ],
+        &[("GGML_VK_VISIBLE_DEVICES", vis.as_str())],
+    );
+    let t = std::time::Instant::now();
+    let r = srv.post_ok(
+        "/v1/chat/completions",
+        &serde_json::json!({
+            "messages": [{"role": "user", "content": "What is the capital of France? Answer with one word."}],
+            "max_tokens": 8,
+            "temperature": 0
+        }),
+    );
+    let answer = r["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let secs = t.elapsed().as_secs_f64();
+    let log = srv.stop();
+    eprintln!("llama-server on Vulkan0, turbo4/turbo3: {answer:?} in {secs:.0} s");
+    assert!(
+        log.contains("Vulkan0 KV buffer size") && log.contains("take them as a mask per head"),
+        "the cache or the lowered K terms are not on Vulkan0:\n{log}"
+    );
+    assert!(
+        answer.contains("Paris"),
+        "answer {answer:?} (want Paris):\n{r}"
+    );
+}
