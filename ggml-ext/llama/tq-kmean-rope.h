@@ -142,10 +142,12 @@ static inline ggml_tensor * tq_rf_trig(ggml_context * ctx, ggml_tensor * T, int 
     return ggml_view_3d(ctx, T, half, 1, T->ne[1], T->nb[1], T->nb[1], (size_t) which * half * T->nb[0]);
 }
 
-/* The two small per-ubatch products below are CPU ops of their own (ggml_custom_4d): as a
-   chain of halves, products and joins each was about a dozen graph nodes per layer, and on
-   a decode step every node costs a thread barrier (the mean in RoPE's frame runs only
-   where the model is on the CPU, tq_kmean_rope_setup). Rows are split across threads. */
+/* The two small per-ubatch products below are CPU ops of their own (ggml_custom_4d) where the
+   layer's K is on a device that runs the turbo K terms (the CPU, RPC's client side): as a
+   chain of halves, products and joins each is about fifteen graph nodes per layer, and on a
+   CPU decode step every node costs a thread barrier. Rows are split across threads. On a
+   device that takes the terms lowered (tq_kmean_rope_masked) the chains run instead
+   (tq_rf_rotate_mean_ops, tq_rf_coeffs_ops): there a host op would split the graph. */
 /* o = R_p m for one row (hd floats; t: the position's table column). */
 static inline void tq_rf_rotate_row(tq_rf_pairs pr, int64_t hd, const float * t, const float * m, float * o) {
     const int64_t half = hd / 2;
@@ -188,6 +190,38 @@ static inline ggml_tensor * tq_rf_rotate_mean(ggml_context * ctx, ggml_tensor * 
     ggml_tensor * args[2] = { mu, T };
     return ggml_custom_4d(ctx, GGML_TYPE_F32, mu->ne[0], mu->ne[1], T->ne[1], 1, args, 2, tq_rf_rotate_mean_op,
                           GGML_N_TASKS_MAX, (void *) tq_rf_pairs_bits(pr, mu->ne[0]));
+}
+
+/* The same products from ops every backend has, for a device that would run a host op only
+   through a round trip to the CPU (tq_kmean_rope_masked: the graph is split there, twice a
+   layer): about fifteen nodes each, none of them on the host. The values are the host ops'
+   up to rounding. R_p mu: mu [hd, nh] (contiguous), T [hd, n] -> [hd, nh, n]. */
+static inline ggml_tensor * tq_rf_rotate_mean_ops(ggml_context * ctx, ggml_tensor * mu, ggml_tensor * T, tq_rf_pairs pr) {
+    const int64_t hd = mu->ne[0], nh = mu->ne[1], n = T->ne[1], half = hd / 2;
+    GGML_ASSERT(mu->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && T->ne[0] == hd && ggml_is_contiguous(mu));
+    ggml_tensor * m3 = ggml_reshape_3d(ctx, mu, hd, nh, 1);
+    ggml_tensor * ma = ggml_repeat_4d(ctx, tq_rf_half(ctx, m3, pr, 0), half, nh, n, 1);
+    ggml_tensor * mb = ggml_repeat_4d(ctx, tq_rf_half(ctx, m3, pr, 1), half, nh, n, 1);
+    ggml_tensor * c = ggml_cont(ctx, tq_rf_trig(ctx, T, 0)), * sn = ggml_cont(ctx, tq_rf_trig(ctx, T, 1)); // [half, 1, n]
+    ggml_tensor * a = ggml_sub(ctx, ggml_mul(ctx, ma, c), ggml_mul(ctx, mb, sn));
+    ggml_tensor * b = ggml_add(ctx, ggml_mul(ctx, ma, sn), ggml_mul(ctx, mb, c));
+    return tq_rf_join(ctx, a, b, pr);
+}
+
+/* The coefficients A = [alpha; beta] of q [hd, nq, nt] against mu [hd, nkv] from ops every
+   backend has (tq_rf_coeffs_op's arithmetic): [hd, nq, nt]. */
+static inline ggml_tensor * tq_rf_coeffs_ops(ggml_context * ctx, ggml_tensor * q, ggml_tensor * mu, tq_rf_pairs pr) {
+    const int64_t hd = q->ne[0], half = hd / 2, nq = q->ne[1], nt = q->ne[2], nkv = mu->ne[1], g = nq / nkv;
+    GGML_ASSERT(q->type == GGML_TYPE_F32 && mu->type == GGML_TYPE_F32 && mu->ne[0] == hd && nq % nkv == 0 &&
+                ggml_is_contiguous(mu));
+    ggml_tensor * m3 = ggml_reshape_3d(ctx, mu, hd, nkv, 1);
+    ggml_tensor * qa = ggml_reshape_4d(ctx, tq_rf_half(ctx, q, pr, 0), half, g, nkv, nt);
+    ggml_tensor * qb = ggml_reshape_4d(ctx, tq_rf_half(ctx, q, pr, 1), half, g, nkv, nt);
+    ggml_tensor * ma = ggml_reshape_4d(ctx, tq_rf_half(ctx, m3, pr, 0), half, 1, nkv, 1);
+    ggml_tensor * mb = ggml_reshape_4d(ctx, tq_rf_half(ctx, m3, pr, 1), half, 1, nkv, 1);
+    ggml_tensor * alpha = ggml_add(ctx, ggml_mul(ctx, qa, ma), ggml_mul(ctx, qb, mb));
+    ggml_tensor * beta = ggml_sub(ctx, ggml_mul(ctx, qb, ma), ggml_mul(ctx, qa, mb));
+    return ggml_reshape_3d(ctx, ggml_concat(ctx, alpha, beta, 0), hd, nq, nt);
 }
 
 /* The pre-RoPE mean of the keys k [hd, nh, nt] at the positions of T [hd, nt]: the mean of
@@ -308,9 +342,10 @@ static inline ggml_tensor * tq_rf_keys(ggml_context * ctx, ggml_tensor * k, ggml
                                        ggml_tensor * rot, tq_rf_pairs pr,
                                        ggml_tensor * (*rotate)(ggml_context *, ggml_tensor *, ggml_tensor *),
                                        ggml_tensor * S = nullptr, ggml_tensor * sink_rows = nullptr,
-                                       ggml_tensor * sink_q = nullptr, ggml_tensor * k_extra = nullptr) {
+                                       ggml_tensor * sink_q = nullptr, ggml_tensor * k_extra = nullptr,
+                                       bool host_ops = true) {
     GGML_ASSERT(k->ne[2] * k->ne[3] == T->ne[1]); // ne[3]: the view's streams, T's column blocks
-    ggml_tensor * rm = tq_rf_rotate_mean(ctx, mu, T, pr); // [hd, nkv, n_kv ns], channel frame
+    ggml_tensor * rm = host_ops ? tq_rf_rotate_mean(ctx, mu, T, pr) : tq_rf_rotate_mean_ops(ctx, mu, T, pr); // [hd, nkv, n_kv ns]
     if (rot) {
         rm = rotate(ctx, rm, rot);
     }

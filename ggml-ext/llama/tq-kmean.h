@@ -277,11 +277,12 @@ static inline ggml_tensor * tq_kbal_store(ggml_context * ctx, ggml_cgraph * gf, 
    A k_mean marked for RoPE's frame (tq-kmean-rope.h) needs the ubatch's position table
    tab [hd, n_tokens] instead of map, stores s * k - R_p mu' and returns the per-key term's
    coefficients in *coeffs; its SET statistics weigh the tokens by stat_w [1, n_tokens, 1]
-   (tq_kmean_stat_weights) where given, else equally. */
+   (tq_kmean_stat_weights) where given, else equally. host_ops false: no host (custom) op, for
+   a device that would run one only through a round trip (tq_kmean_rope_masked). */
 static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor ** q_cur, ggml_tensor * k_cur,
                                            ggml_tensor * k_mean, int mode, ggml_tensor * map, float kq_scale, tq_rf_pairs pr,
                                            ggml_tensor * tab = nullptr, ggml_tensor ** coeffs = nullptr,
-                                           ggml_tensor * stat_w = nullptr) {
+                                           ggml_tensor * stat_w = nullptr, bool host_ops = true) {
     if (!k_cur || !k_mean) {
         return k_cur;
     }
@@ -302,7 +303,7 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
     }
     ggml_tensor * q = *q_cur;
     GGML_ASSERT(q->ne[0] == hd && q->ne[1] % nkv == 0 && q->ne[2] == nt && hd % 2 == 0);
-    if (rf && mode == TQ_KMEAN_KEEP) {
+    if (rf && mode == TQ_KMEAN_KEEP && host_ops) {
         // every decode step: the fused op (the same values as the nodes below)
         return tq_rf_keep(ctx, q_cur, k_cur, k_mean, tab, bal, pr, coeffs);
     }
@@ -319,7 +320,8 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
         ggml_tensor * per_tok = stat_w ? stat_w : tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt);
         m_use = tq_rf_unrope_mean(ctx, k_cur, tab, per_tok, pr);                                      // mu
         if (bal) {
-            ggml_tensor * resid = ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, pr));
+            ggml_tensor * resid = ggml_sub(ctx, k_cur, host_ops ? tq_rf_rotate_mean(ctx, m_use, tab, pr)
+                                                                : tq_rf_rotate_mean_ops(ctx, m_use, tab, pr));
             s_use = tq_kbal_store(ctx, gf, tq_kbal_scale(ctx, k_cur, q, nullptr, nullptr, per_tok, kq_scale, pr, resid, stat_w), d_st);
             m_use = ggml_mul(ctx, m_use, s_use);                                                         // mu' = s mu
         }
@@ -341,6 +343,11 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
         k_cur = ggml_mul(ctx, k_cur, ggml_reshape_3d(ctx, s_use, hd, nkv, 1));
     }
     if (rf) {
+        if (!host_ops) {
+            // a device without host ops (tq_rf_rotate_mean_ops): no graph split per layer
+            *coeffs = tq_rf_coeffs_ops(ctx, *q_cur, m_use, pr);
+            return ggml_sub(ctx, k_cur, tq_rf_rotate_mean_ops(ctx, m_use, tab, pr));
+        }
         *coeffs = tq_rf_coeffs(ctx, *q_cur, m_use, pr);
         return ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, pr));
     }

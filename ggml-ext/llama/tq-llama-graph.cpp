@@ -181,7 +181,7 @@ static ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf, llm_gr
             in->stat_skip_first = kv->tq_sink_reads();
         }
         return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, nullptr, kq_scale, pr, tab, &in->coeffs[il],
-                              in->stat_w);
+                              in->stat_w, !kv->tq_kmean_rope_masked(il));
     }
     if (mode == TQ_KMEAN_SET) {
         if (!in->map) {
@@ -318,7 +318,7 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
         ggml_tensor * slots = sink && !masked ? ggml_view_1d(ctx, in->cells, n_cells, in->cells->nb[1]) : nullptr;
         const tq_rf_pairs pr = { rope_type != LLAMA_ROPE_TYPE_NORM, kv->tq_kmean_n_rot(il) };
         *k = tq_rf_keys(ctx, *k, mu, tab_cells, rot, pr, llama_mul_mat_hadamard, slots, sink_rows, sink_q,
-                        sink_d ? tq_sink_keys_delta(ctx, sink_d, in->sel_onehot) : nullptr);
+                        sink_d ? tq_sink_keys_delta(ctx, sink_d, in->sel_onehot) : nullptr, !masked);
     } else if (terms) {
         if (in->fa.size() <= (size_t) il) {
             in->fa.resize(il + 1);

@@ -792,8 +792,10 @@ static int kmean_rope_fa(Err & err, Ctx & c, tq_rf_pairs pr, const float * ko, c
 
 // The K mean in RoPE's frame (tq-kmean-rope.h). Keys are roped copies of mu0 + noise at
 // scattered positions; a k_mean marked for the frame, SET and KEEP, with and without
-// balancing, both RoPE layouts. Checked: (1) every logit is exact per key (not only up to a
-// constant) through both ways the term goes back, the per-head mask and the f32 keys;
+// balancing, both RoPE layouts, with the host ops and with the chains of ops every backend
+// has (tq_rf_rotate_mean_ops, tq_rf_coeffs_ops: a device without the terms). Checked: (1)
+// every logit is exact per key (not only up to a constant) through both ways the term goes
+// back, the per-head mask and the f32 keys;
 // (2) SET takes the common component out at every position: the stored keys keep about the
 // noise's share of the raw keys' energy, which a fixed vector cannot reach at these positions.
 // Partial RoPE (n_rot 16 and 32 of a 64-wide head, StableLM's and Phi's shape): the keys are
@@ -810,7 +812,8 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
     for (bool bal : { false, true })
     for (int mode : { TQ_KMEAN_SET, TQ_KMEAN_KEEP })
     for (int64_t nt : { (int64_t) 40, (int64_t) 2 })
-    for (bool consecutive : { false, true }) { // scattered positions, or one sequence's run
+    for (bool consecutive : { false, true }) // scattered positions, or one sequence's run
+    for (bool host : { true, false }) { // the host ops, or the chains a device without them gets
         if (mode == TQ_KMEAN_SET && nt < TQ_KMEAN_MIN_TOKENS) continue;
         const bool partial = nrot < hd;
         Ctx c(64);
@@ -872,13 +875,13 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
                 for (int64_t i = 0; i < half; ++i) kmd[n + h * hd + ch(i, 0)] = kmd[n + h * hd + ch(i, 1)] = s0[h * hd + i];
         ggml_cgraph * gf = ggml_new_graph(c.ctx);
         ggml_tensor * qs = q, * A = nullptr;
-        ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, mode, nullptr, kq_scale, pr, tab, &A);
+        ggml_tensor * ks = tq_kmean_apply(c.ctx, gf, &qs, k, km, mode, nullptr, kq_scale, pr, tab, &A, nullptr, host);
         if (!A) return err.fail("neox %d bal %d mode %d: no coefficients", neox, bal, mode);
         ggml_tensor * mask = ggml_new_tensor_4d(c.ctx, GGML_TYPE_F32, nt, nt, 1, 1);
         memset(mask->data, 0, ggml_nbytes(mask));
         ggml_tensor * bias = tq_rf_mask(c.ctx, mask, A, tab, 1.0f);
         ggml_tensor * kfull = tq_rf_keys(c.ctx, ggml_reshape_4d(c.ctx, ks, hd, nkv, nt, 1), tq_kmean_view(c.ctx, km, hd, nkv), tab,
-                                         nullptr, pr, nullptr);
+                                         nullptr, pr, nullptr, nullptr, nullptr, nullptr, nullptr, host);
         ggml_build_forward_expand(gf, qs);
         ggml_build_forward_expand(gf, ks);
         ggml_build_forward_expand(gf, bias);
@@ -901,8 +904,8 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
                     }
                     const double via_mask = st + bo[(h * nt + t) * nt + j];
                     if (std::fabs(via_mask - want) > 1e-5 * sc || std::fabs(full - want) > 1e-5 * sc)
-                        return err.fail("neox %d nrot %lld bal %d mode %d nt %lld: logit q%lld.k%lld head %lld %g, via mask %g, via keys %g",
-                                        neox, (long long) nrot, bal, mode, (long long) nt, (long long) t, (long long) j, (long long) h, want,
+                        return err.fail("neox %d nrot %lld bal %d mode %d nt %lld host ops %d: logit q%lld.k%lld head %lld %g, via mask %g, via keys %g",
+                                        neox, (long long) nrot, bal, mode, (long long) nt, host, (long long) t, (long long) j, (long long) h, want,
                                         via_mask, full);
                 }
         // (2) SET: the stored keys (divided by s) keep the noise's share of the energy, 1/10
