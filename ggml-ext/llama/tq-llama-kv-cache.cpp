@@ -174,7 +174,8 @@ void llama_kv_cache::tq_kmean_init(ggml_type type_k) {
     tq_sink_type = tq_rf_want && want_sink ? type_k : GGML_TYPE_COUNT;
     if (tq_rf_want) {
         LLAMA_LOG_INFO("%s: turbo exact first keys: %s (%s; where the K mean in RoPE's frame and flash attention over "
-                       "turbo K and V run; TQ_K_SINK=0 turns them off)\n", __func__, want_sink ? "on" : "off", src_sink);
+                       "turbo K and V run, decided with the frame when the first graph is built; --tq-k-sink off turns "
+                       "them off)\n", __func__, want_sink ? "on" : "off", src_sink);
     }
     if (tq_kmean) {
         LLAMA_LOG_INFO("%s: turbo K mean removal: on (%s; softmax-invariant, fitted to RoPE over the cache's positions%s; "
@@ -418,6 +419,11 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
             LLAMA_LOG_WARN("%s: turbo K mean in RoPE's frame (TQ_K_MEAN_FRAME=rope): not possible here (%s); the fitted mean instead\n", __func__, why);
         } else {
             LLAMA_LOG_INFO("%s: turbo K mean in RoPE's frame: off here (%s); the fitted mean instead\n", __func__, why);
+        }
+        if (tq_sink_type != GGML_TYPE_COUNT) {
+            // init said "on" for the option; this is the decision
+            LLAMA_LOG_INFO("%s: turbo exact first keys: off here (they ride on the K mean in RoPE's frame, off above)\n",
+                           __func__);
         }
         return;
     }
