@@ -172,6 +172,7 @@ void llama_kv_cache::tq_kmean_init(ggml_type type_k) {
     const bool want_sink =
         tq_llama_switch_resolve(opts.k_sink, tq_llama_env_k_sink(), "TQ_K_SINK", "option tq_k_sink", &src_sink);
     tq_sink_type = tq_rf_want && want_sink ? type_k : GGML_TYPE_COUNT;
+    tq_rf_lowered_asked = opts.value[TQ_OPT_K_TERMS] == 1; // k_terms = lowered (tq-options.def)
     if (tq_rf_want) {
         LLAMA_LOG_INFO("%s: turbo exact first keys: %s (%s; where the K mean in RoPE's frame and flash attention over "
                        "turbo K and V run, decided with the frame when the first graph is built; --tq-k-sink off turns "
@@ -306,12 +307,13 @@ extern "C" int32_t tq_llama_rope_freqs(const llama_model * model, int32_t il, ui
 //                 per head, the form the terms are lowered to there (tq_rf_mask; prefill:
 //                 tq_rf_keys), from ops every backend has;
 //   TQ_RF_NONE    neither (the fitted mean instead).
+// lowered (k_terms = lowered): the second answer even where the first would be native.
 // The terms only ever go with turbo K and V, so a cache of other types asks about turbo4 for
 // both: the question is whether the device implements the contract, on which the mean in
 // RoPE's frame depends for its decode steps.
 enum { TQ_RF_NONE = 0, TQ_RF_NATIVE = 1, TQ_RF_MASKED = 2 };
 static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t hd, int64_t n_head,
-                          int64_t n_head_kv, std::string & dev_name) {
+                          int64_t n_head_kv, bool lowered, std::string & dev_name) {
     ggml_backend_buffer_type_t buft = k_cache->buffer ? ggml_backend_buffer_get_type(k_cache->buffer) : nullptr;
     ggml_backend_dev_t dev = buft ? ggml_backend_buft_get_device(buft) : nullptr;
     if (!dev) {
@@ -334,7 +336,7 @@ static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cac
     tq_flash_attn_ext_set_k_terms(fa, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hd, n_head, 1),
                                   ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hd, n_kv + TQ_FA_TERM_STEPS),
                                   ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_kv, 2), nullptr, nullptr);
-    int how = ggml_backend_dev_supports_op(dev, fa) ? TQ_RF_NATIVE : TQ_RF_NONE;
+    int how = ggml_backend_dev_supports_op(dev, fa) && !lowered ? TQ_RF_NATIVE : TQ_RF_NONE;
     if (how == TQ_RF_NONE) {
         // the lowered form: a decode's per-head mask over the cache's own K and V (a prefill
         // decodes K, tq_rf_keys, and the turbo V then goes with K of f16)
@@ -384,7 +386,7 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
         if ((int64_t) w.size() * 2 != hd) {
             why = "a layer without full RoPE of a handled kind";
         } else if (std::string dev; (how = tq_fa_terms_on(layer.k, layer.v, hd, hparams.n_head(layer.il),
-                                                          hparams.n_head_kv(layer.il), dev)) == TQ_RF_NONE) {
+                                                          hparams.n_head_kv(layer.il), tq_rf_lowered_asked, dev)) == TQ_RF_NONE) {
             why_dev = "layer " + std::to_string(layer.il) + "'s K is on " + dev +
                       ", whose flash attention takes neither the turbo K terms (tq-fa-contract.h) nor a mask per head";
             why = why_dev.c_str();
@@ -434,7 +436,10 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
     }
     LLAMA_LOG_INFO("%s: turbo K mean in RoPE's frame: on (%zu RoPE frequency set(s); TQ_K_MEAN_FRAME=fitted keeps the "
                    "fitted mean)\n", __func__, tq_rf_sets.size());
-    if (n_masked > 0) {
+    if (n_masked > 0 && tq_rf_lowered_asked) {
+        LLAMA_LOG_INFO("%s: turbo K terms: %d layer(s) on %s take them lowered, as asked (TQ_K_TERMS=lowered): as a mask "
+                       "per head and, in a prefill, keys decoded to f32\n", __func__, n_masked, masked_dev.c_str());
+    } else if (n_masked > 0) {
         LLAMA_LOG_INFO("%s: turbo K terms: %d layer(s) on %s, whose flash attention does not take them (tq-fa-contract.h), "
                        "take them as a mask per head and, in a prefill, keys decoded to f32\n", __func__, n_masked,
                        masked_dev.c_str());
