@@ -22,9 +22,11 @@
  * Where the term goes (attention stays exact either way):
  *   - a ubatch of few queries (decode) over turbo K and V with flash attention: A and T
  *     become sources of the flash attention (the turbo K terms, ggml-ext/ggml/tq-fa-contract.h),
- *     which adds A.T to each key's score next to q.k, or is refused by a backend that cannot;
- *   - other decodes: added to the attention mask, which becomes per head
- *     ([n_kv, n_tokens, n_head]); flash attention and soft_max take a per-head mask;
+ *     which adds A.T to each key's score next to q.k, on a device that runs them (the CPU,
+ *     RPC; tq_kmean_rope_masked says which do not);
+ *   - other decodes, and every decode on a device that does not run the terms: added to the
+ *     attention mask, which becomes per head ([n_kv, n_tokens, n_head]); flash attention and
+ *     soft_max take a per-head mask (the lowered form, with tq-sink.h's first-key corrections);
  *   - a larger ubatch (prefill): K is decoded to f32 and R_p mu' (rotated like K) added back
  *     to every cell, so attention runs on the plain keys and no per-head mask of
  *     n_kv x n_tokens x n_head is materialised.
