@@ -69,7 +69,8 @@ san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 cases=(
   'hsk=128,.*nr23=\[3,1\],kv=512,nb=1,.*type_K=turbo4,type_V=turbo4'
   'hsk=64,.*nr23=\[3,1\],kv=512,nb=2,.*type_K=turbo3,type_V=q8_0'
-  'hsk=128,.*nr23=\[3,1\],kv=1024,nb=8,.*type_K=turbo2,type_V=turbo2'
+  'hsk=128,.*nr23=\[3,1\],kv=1024,nb=35,.*type_K=turbo2,type_V=turbo2'
+  'hsk=64,.*nr23=\[3,1\],kv=512,nb=5,.*type_K=turbo3,type_V=turbo2,.*mask_per_head=1'
   'hsk=128,.*nr23=\[3,1\],kv=512,nb=1,.*type_K=turbo3_tcq,type_V=turbo2_tcq'
 )
 probe=$tq_work/sanitizer-probe.txt

@@ -277,6 +277,7 @@ fn patch_hooks_every_cuda_table() {
         ),
         ("ggml/src/ggml-cuda/fattn.cu", "TQ_FATTN_VEC_CASES"),
         ("ggml/src/ggml-cuda/fattn.cu", "TQ_GGML_CASES"),
+        ("ggml/src/ggml-cuda/fattn.cu", "tq_cuda_fa_route(Q, K, V, mask)"),
         ("ggml/src/ggml-cuda/convert.cu", "TQ_CUDA_CONVERT_CASES"),
         ("ggml/src/ggml-cuda/getrows.cu", "TQ_CUDA_GET_ROWS_CASES"),
         (
@@ -399,16 +400,35 @@ fn decode_kernel_selector() {
         .find("#define TQ_FATTN_VEC_CASE_D(D, K, V)")
         .expect("TQ_FATTN_VEC_CASE_D")..];
     let case = &case[..case.find("\n\n").unwrap()];
+    assert!(
+        case.contains("return tq_fattn_turbo_case<D, GGML_TYPE_##K, GGML_TYPE_##V>;"),
+        "TQ_FATTN_VEC_CASE_D hands out the selecting wrapper:\n{case}"
+    );
+    let wrap = &fattn[fattn
+        .find("static void tq_fattn_turbo_case(")
+        .expect("tq_fattn_turbo_case")..];
+    let wrap = &wrap[..wrap.find("\n}\n").unwrap()];
     for want in [
         "tq_cuda_fa_selected() == TQ_CUDA_FA_GQA",
-        "tq_fattn_gqa_case<D, GGML_TYPE_##K, GGML_TYPE_##V>",
-        "ggml_cuda_flash_attn_ext_vec_case<D, GGML_TYPE_##K, GGML_TYPE_##V>",
+        "tq_fattn_gqa_case<D, type_K, type_V>",
+        "ggml_cuda_flash_attn_ext_vec_case<D, type_K, type_V>",
+        "!tq_cuda_fa_needs_gqa(dst)",
     ] {
         assert!(
-            case.contains(want),
-            "TQ_FATTN_VEC_CASE_D lacks {want}:\n{case}"
+            wrap.contains(want),
+            "tq_fattn_turbo_case lacks {want}:\n{wrap}"
         );
     }
+    // a mask per head (the lowered turbo K terms) and more than 2 queries are read by the GQA
+    // kernel only: it reads the head's mask row and takes queries in tiles
+    assert!(
+        gqa.contains("int64_t(nb32)*(vec_head(my_v) % ne32)"),
+        "the GQA kernel reads the mask row of its head"
+    );
+    assert!(
+        gqa.contains("KV_max && ne32 <= 1"),
+        "head 0's KV_max is not taken for a mask per head"
+    );
     for d in ["64", "128", "256"] {
         assert!(
             fattn.contains(&format!(
@@ -506,7 +526,7 @@ done; done"#;
 if [ "$1" = perf ]; then
   echo "  FLASH_ATTN_EXT(hsk=128,hsv=128,nh=8,nr23=[4,1],kv=32768,nb=1,type_K=turbo4,type_V=turbo4): 100 runs - 12.00 us/run - 17000 kB/run - 1400.00 GB/s"
   exit 0; fi
-for i in 1 2 3 4; do echo "  FLASH_ATTN_EXT(hsk=128,type_K=turbo4,type_V=turbo4,case=$i): OK"; done
+for i in 1 2 3 4 5; do echo "  FLASH_ATTN_EXT(hsk=128,type_K=turbo4,type_V=turbo4,case=$i): OK"; done
 [ -n "$UNSUPPORTED" ] && echo "  MUL_MAT(type_a=turbo2,prec=f32): not supported [CUDA0]"
 exit 0"#;
 
@@ -541,7 +561,7 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         for fa in ["gqa", "vec"] {
             assert!(
                 s.contains(&format!(
-                    "FLASH_ATTN_EXT turbo, TQ_CUDA_FA={fa}: 4 cases OK"
+                    "FLASH_ATTN_EXT turbo, TQ_CUDA_FA={fa}: 5 cases OK"
                 )),
                 "{s}"
             );
@@ -553,7 +573,7 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         );
         assert_eq!(code, 1, "a run on the wrong decode kernel must fail: {s}");
         assert!(
-            s.contains("TQ_CUDA_FA=gqa: rc=0, 4 OK, 0 failed or unsupported, kernel logged: vec"),
+            s.contains("TQ_CUDA_FA=gqa: rc=0, 5 OK, 0 failed or unsupported, kernel logged: vec"),
             "{s}"
         );
         // past the soft time limit the vec kernel's memcheck is skipped, and says so

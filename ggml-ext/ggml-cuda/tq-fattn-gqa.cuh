@@ -158,7 +158,7 @@ static __global__ void tq_flash_attn_ext_gqa(
     constexpr int nwarps = TQ_GQA_NTHREADS/WARP_SIZE;
     constexpr int VPW    = (NQ + nwarps - 1)/nwarps; // Q vectors per warp in the softmax
     static_assert(D % 64 == 0 && TPR <= WARP_SIZE && NQ <= TPR && T % P == 0 && T % WARP_SIZE == 0, "bad configuration");
-    GGML_UNUSED_VARS(ne00, ne10, ne13, ne31, ne32, nb32);
+    GGML_UNUSED_VARS(ne00, ne10, ne13, ne31);
 
     const int tid  = threadIdx.y*WARP_SIZE + threadIdx.x;
     const int t    = tid % TPR; // slot of the thread in its row: chunk c, slot u
@@ -169,7 +169,7 @@ static __global__ void tq_flash_attn_ext_gqa(
     const int warp = threadIdx.y;
 
     const int n01      = int(ne01.z);
-    const int ncols1   = (n01 + int(gridDim.x) - 1)/int(gridDim.x); // 1 or 2 (the host launches that way)
+    const int ncols1   = (n01 + int(gridDim.x) - 1)/int(gridDim.x); // 1 or 2: the host launches ceil(n01/ncols1) tiles
     const int G        = NQ/ncols1;
     const int gqa      = ne02/ne12;
     const int ntiles_z = int(gridDim.z)/(ne12*ne03);
@@ -205,10 +205,13 @@ static __global__ void tq_flash_attn_ext_gqa(
         }
     }
 
-    // The lane that writes a score (t < NQ) writes vector my_v: its mask row and ALiBi slope.
+    // The lane that writes a score (t < NQ) writes vector my_v: its mask row and ALiBi slope. A
+    // mask may differ per head (ne32 > 1, broadcast over ne02/ne32 heads as on the CPU): the
+    // lowered turbo K terms (docs/KV-CACHE.md).
     const int  my_v     = tq_gqa_owner<NQ>(t);
     const bool my_valid = vec_valid(my_v);
-    const half * my_mask = mask && my_valid ? (const half *) (mask + nb33*(sequence % ne33) + int64_t(nb31)*vec_col(my_v)) : nullptr;
+    const half * my_mask = mask && my_valid ? (const half *) (mask + nb33*(sequence % ne33) + int64_t(nb32)*(vec_head(my_v) % ne32) +
+                                                              int64_t(nb31)*vec_col(my_v)) : nullptr;
     const float my_slope = my_valid ? get_alibi_slope(max_bias, vec_head(my_v), n_head_log2, m0, m1) : 0.0f;
 
     float M[VPW], L[VPW];
@@ -228,7 +231,8 @@ static __global__ void tq_flash_attn_ext_gqa(
 
     K += nb13*sequence + int64_t(nb12)*head_kv;
     V += nb23*sequence + int64_t(nb22)*head_kv;
-    const int k_max = KV_max ? KV_max[sequence*gridDim.x + blockIdx.x] : ne11;
+    // launch_fattn's KV_max scans head 0's mask only: with a mask per head every key is read
+    const int k_max = KV_max && ne32 <= 1 ? KV_max[sequence*gridDim.x + blockIdx.x] : ne11;
 
     for (int kv0 = blockIdx.y*T; kv0 < k_max; kv0 += gridDim.y*T) {
         // 1. Scores: each K row decoded once for all NQ vectors.
@@ -415,14 +419,20 @@ void tq_fattn_gqa_case(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         GGML_ABORT("turboquant: GQA flash-attention kernel for head size %d called with Q/K/V head sizes %lld/%lld/%lld",
                    D, (long long) Q->ne[0], (long long) K->ne[0], (long long) V->ne[0]);
     }
-    if (Q->ne[1] < 1 || Q->ne[1] > 2) {
-        GGML_ABORT("turboquant: GQA flash-attention kernel: %lld queries per head (decode takes 1 or 2)", (long long) Q->ne[1]);
+    if (Q->ne[1] < 1) {
+        GGML_ABORT("turboquant: GQA flash-attention kernel: no queries");
+    }
+    const ggml_tensor * mask = dst->src[3];
+    if (mask && (mask->ne[2] <= 0 || Q->ne[2] % mask->ne[2] != 0)) {
+        GGML_ABORT("turboquant: GQA flash-attention kernel: a mask of %lld heads does not broadcast over %lld Q heads",
+                   (long long) mask->ne[2], (long long) Q->ne[2]);
     }
     if (K->ne[1] % TQ_GQA_TILE != 0 || K->ne[2] <= 0 || Q->ne[2] % K->ne[2] != 0 || V->ne[2] != K->ne[2]) {
         GGML_ABORT("turboquant: GQA flash-attention kernel: KV length %lld is not a multiple of %d or %lld Q heads do not group over %lld KV heads",
                    (long long) K->ne[1], TQ_GQA_TILE, (long long) Q->ne[2], (long long) K->ne[2]);
     }
-    const int ncols1 = (int) Q->ne[1];
+    // queries in tiles of 1 or 2 (more than 2: several tiles, each reading the K/V rows once)
+    const int ncols1 = Q->ne[1] == 1 ? 1 : 2;
     const int gqa    = (int) (Q->ne[2]/K->ne[2]);
     int G = 1; // Q heads per block: the group, rounded up to a power of two, within TQ_GQA_MAX_NQ vectors
     while (G < gqa && ncols1*G < TQ_GQA_MAX_NQ) {

@@ -170,14 +170,81 @@ inline tq_cuda_fa_kernel tq_cuda_fa_selected() {
     return kernel;
 }
 
+// Whether the GQA kernel has an instance for this pair and head size (an f32 K or V arrives
+// as the f16 instance, as in the lookup below).
+static inline bool tq_cuda_fa_gqa_has(ggml_type k, ggml_type v, const int64_t D) {
+    k = k == GGML_TYPE_F32 ? GGML_TYPE_F16 : k;
+    v = v == GGML_TYPE_F32 ? GGML_TYPE_F16 : v;
+    bool pair = false;
+#define TQ_FATTN_GQA_HAS(K, V) pair = pair || (k == GGML_TYPE_##K && v == GGML_TYPE_##V);
+    TQ_FATTN_FOR_EACH_PAIR(TQ_FATTN_GQA_HAS)
+#undef TQ_FATTN_GQA_HAS
+    return pair && ((D == 64 && TQ_CUDA_FA_D64) || (D == 128 && TQ_CUDA_FA_D128) || (D == 256 && TQ_CUDA_FA_D256));
+}
+
+// Most queries per KV head that a decode without a mask per head keeps on the GQA kernel
+// (llama-server's unified cache decodes one query per busy slot in one op). Past it
+// upstream's tensor-core kernel, which decodes the whole K/V view to f16 first. The GQA kernel
+// reads the cache once per 2 queries, the f16 path once to convert and once more at f16's 16
+// bits per value: 8 queries (4 reads of 3-4.25 bits) is about break-even, by bytes read, not
+// yet timed on a GPU.
+#define TQ_CUDA_FA_GQA_MAX_QUERIES 8
+
+// Where flash attention over a turbo pair goes: ggml_cuda_get_best_fattn_kernel asks this (one
+// patch line) after its head-size and type checks, before its refusal of a mask per head.
+// -1: not a turbo pair, upstream decides; 0: refused; 1: the decode kernels
+// (BEST_FATTN_KERNEL_VEC, whose lookup hands turbo pairs to tq_fattn_turbo_case).
+// A mask per head (mask->ne[2] > 1: the lowered turbo K terms, docs/KV-CACHE.md) is read by the
+// GQA kernel only, at any number of queries; more than 2 queries without one stay on it up to
+// TQ_CUDA_FA_GQA_MAX_QUERIES (with TQ_CUDA_FA=gqa, the default; =vec leaves them to upstream).
+static inline int tq_cuda_fa_route(const ggml_tensor * Q, const ggml_tensor * K, const ggml_tensor * V, const ggml_tensor * mask) {
+    if (!TQ_GGML_IS_TURBO(K->type) && !TQ_GGML_IS_TURBO(V->type)) {
+        return -1;
+    }
+    const bool head_mask = mask && mask->ne[2] != 1;
+    const bool gqa = tq_cuda_fa_gqa_has(K->type, V->type, Q->ne[0]) && Q->ne[0] == K->ne[0] && K->ne[0] == V->ne[0] &&
+                     K->ne[1] % FATTN_KQ_STRIDE == 0 && (!mask || mask->type == GGML_TYPE_F16);
+    if (head_mask) {
+        return gqa && mask->ne[2] > 0 && Q->ne[2] % mask->ne[2] == 0 ? 1 : 0;
+    }
+    return gqa && Q->ne[1] > 2 && Q->ne[1] <= TQ_CUDA_FA_GQA_MAX_QUERIES && tq_cuda_fa_selected() == TQ_CUDA_FA_GQA ? 1 : -1;
+}
+
+// Whether an op routed to the decode kernels needs the GQA kernel whatever TQ_CUDA_FA says:
+// upstream's vector kernel reads no mask per head and takes queries two at a time per head.
+static inline bool tq_cuda_fa_needs_gqa(const ggml_tensor * dst) {
+    const ggml_tensor * mask = dst->src[3];
+    return (mask && mask->ne[2] != 1) || dst->src[0]->ne[1] > 2;
+}
+
+template <int D, ggml_type type_K, ggml_type type_V>
+void ggml_cuda_flash_attn_ext_vec_case(ggml_backend_cuda_context & ctx, ggml_tensor * dst); // fattn-vec.cuh
+
+// What the lookup hands out for a scalar turbo pair: the kernel TQ_CUDA_FA selects, or the GQA
+// kernel where only it reads the op (logged once when that overrides TQ_CUDA_FA=vec).
+template <int D, ggml_type type_K, ggml_type type_V>
+static void tq_fattn_turbo_case(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    if (tq_cuda_fa_selected() == TQ_CUDA_FA_GQA) {
+        tq_fattn_gqa_case<D, type_K, type_V>(ctx, dst);
+    } else if (!tq_cuda_fa_needs_gqa(dst)) {
+        ggml_cuda_flash_attn_ext_vec_case<D, type_K, type_V>(ctx, dst);
+    } else {
+        static bool logged = false;
+        if (!logged) {
+            logged = true;
+            GGML_LOG_INFO("turboquant: TQ_CUDA_FA=vec, but a mask per head or more than 2 queries per head takes the gqa kernel "
+                          "(the vector kernel reads neither)\n");
+        }
+        tq_fattn_gqa_case<D, type_K, type_V>(ctx, dst);
+    }
+}
+
 #define TQ_FATTN_VEC_CASE_D(D, K, V)                                                            \
     if constexpr (TQ_CUDA_FA_D##D) {                                                            \
         if (head_size == (D) &&                                                                 \
             (type_K == GGML_TYPE_##K || (type_K == GGML_TYPE_F32 && GGML_TYPE_##K == GGML_TYPE_F16)) && \
             (type_V == GGML_TYPE_##V || (type_V == GGML_TYPE_F32 && GGML_TYPE_##V == GGML_TYPE_F16))) { \
-            return tq_cuda_fa_selected() == TQ_CUDA_FA_GQA                                      \
-                ? tq_fattn_gqa_case<D, GGML_TYPE_##K, GGML_TYPE_##V>                            \
-                : ggml_cuda_flash_attn_ext_vec_case<D, GGML_TYPE_##K, GGML_TYPE_##V>;           \
+            return tq_fattn_turbo_case<D, GGML_TYPE_##K, GGML_TYPE_##V>;                        \
         }                                                                                       \
     }
 #define TQ_FATTN_VEC_CASE(K, V) TQ_FATTN_VEC_CASE_D(64, K, V) TQ_FATTN_VEC_CASE_D(128, K, V) TQ_FATTN_VEC_CASE_D(256, K, V)
