@@ -33,9 +33,10 @@ tq_build_tree test-backend-ops llama-bench llama-perplexity || tq_finish
 # 2. codec parity on the device (and the host build of the same source)
 nvcc=$(tq_nvcc)
 if [ "$tq_dry" = 1 ]; then tq_log "nvcc: dry run"; else tq_log "nvcc: $("$nvcc" --version | tail -1)"; fi
-if tq_run "$nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -Xcompiler -ffp-contract=off \
-     -I ggml-ext/abi -I ggml-ext/ggml -I ggml-ext/ggml-cuda ggml-ext/ggml-cuda/tq-parity.cu "$tq_src/libturboquant_capi.a" \
-     -lpthread -ldl -lm -o "$tq_work/tq-parity" > "$tq_work/parity.txt" 2>&1 \
+if { if [ "$tq_prebuilt" = 1 ]; then cp "$tq_bin/tq-parity" "$tq_work/tq-parity"; else
+       tq_run "$nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -Xcompiler -ffp-contract=off \
+         -I ggml-ext/abi -I ggml-ext/ggml -I ggml-ext/ggml-cuda ggml-ext/ggml-cuda/tq-parity.cu "$tq_src/libturboquant_capi.a" \
+         -lpthread -ldl -lm -o "$tq_work/tq-parity"; fi; } > "$tq_work/parity.txt" 2>&1 \
    && tq_run "$tq_work/tq-parity" >> "$tq_work/parity.txt" 2>&1; then
   tq_pass "tq-parity: $(tail -1 "$tq_work/parity.txt")"
 else

@@ -12,6 +12,7 @@
 
 tq_repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tq_fails=0
+tq_prebuilt=0
 tq_dry=${TQ_GPU_DRY_RUN:-0}
 
 # tq_init <script name> <args...>: parses --dry-run and the results folder (first other
@@ -86,7 +87,7 @@ tq_build_tree() {
     tq_log "build: skipped (TQ_GPU_PREBUILT=1, tools in $tq_bin)"
     return 0
   fi
-  local pack=$tq_repo/.gpu
+  local pack=${TQ_GPU_PACK:-$tq_repo/.gpu}
   if [ "$tq_dry" != 1 ]; then
     [ -f "$pack/llama-src.tar.xz" ] && [ -f "$pack/libturboquant_capi.a.xz" ] || {
       tq_fail "build: no .gpu/llama-src.tar.xz or .gpu/libturboquant_capi.a.xz (run scripts/gpu-pack.sh here, carry .gpu)"
@@ -94,6 +95,24 @@ tq_build_tree() {
     }
     local stamp
     stamp=$(cat "$pack/llama-src.tar.xz" "$pack/libturboquant_capi.a.xz" | md5sum | cut -d' ' -f1)
+    # tools built elsewhere by scripts/gpu-prebuild.sh from these very sources: no nvcc here
+    local pre=$pack/prebuilt-sm90.tar.xz
+    if [ -f "$pre" ] && [ -z "${TQ_CUDA_ARCHS:-}" ]; then
+      if [ "$(cat "$tq_bin/.pack" 2>/dev/null)" != "$stamp" ]; then
+        rm -rf "$tq_bin" && mkdir -p "$tq_build" && xz -dc "$pre" | tar -C "$tq_build" -xf -
+      fi
+      if [ "$(cat "$tq_bin/.pack" 2>/dev/null)" = "$stamp" ]; then
+        # cuBLAS and the driver from this machine's CUDA install, the rest beside the tools
+        local cuda
+        cuda=$(dirname "$(dirname "$(tq_nvcc)")")
+        export LD_LIBRARY_PATH="$tq_bin:$cuda/lib64:$cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        tq_prebuilt=1
+        tq_pass "build: prebuilt for sm_90 elsewhere (.gpu/prebuilt-sm90.tar.xz, sources $stamp)"
+        return 0
+      fi
+      rm -rf "$tq_bin"
+      tq_log "build: .gpu/prebuilt-sm90.tar.xz is from other sources than .gpu/llama-src.tar.xz; building here"
+    fi
     if [ "$(cat "$tq_src/.pack" 2>/dev/null)" != "$stamp" ]; then
       rm -rf "$tq_src" && mkdir -p "$tq_src"
       tar -C "$tq_src" --strip-components=1 -xJf "$pack/llama-src.tar.xz" || { tq_fail "build: unpacking the sources"; return 1; }

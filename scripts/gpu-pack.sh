@@ -8,9 +8,11 @@
 #                            random-weight Llama-8B-shaped model (2 layers) from it there (a
 #                            real model does not fit; attention speed depends on the shape)
 #   .gpu/gguf-*.whl          the gguf Python package for scripts/random_gguf.py
+# scripts/gpu-prebuild.sh then adds the tools built here (.gpu/prebuilt-sm90.tar.xz), and
+# --model makes .gpu-model/ (a trained model for gpu-bench.sh's quality step).
 # Then, with a GPU lent: device run, carry [".gpu"], command
-#   "scripts/gpu-check.sh $OUT/check", then (same warm machine: the build is reused)
-#   "scripts/gpu-bench.sh $OUT/bench".
+#   "scripts/gpu-check.sh $OUT/check", then (same warm machine: the build is reused; carry
+#   [".gpu-model"]) "scripts/gpu-bench.sh $OUT/bench".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
@@ -33,3 +35,12 @@ python3 -c 'import gguf' 2>/dev/null || python3 -m pip install -q .gpu/gguf-*.wh
 python3 scripts/random_gguf.py --tokenizer-from "$model" --head 64 --n-head 1 --n-head-kv 1 \
   --n-layer 0 -o .gpu/tokenizer.gguf
 du -sh .gpu/* && du -sh .gpu
+
+# --model: .gpu-model/, SmolLM2 cut to 10 blocks for gpu-bench.sh's CUDA-against-CPU KLD
+# (carried by gpu-bench's own call: 53 MiB, which with .gpu/ would not fit one call)
+if [ "${1:-}" = "--model" ]; then
+  grep -qx '/.gpu-model/' .git/info/exclude || echo '/.gpu-model/' >> .git/info/exclude
+  rm -rf .gpu-model && mkdir -p .gpu-model
+  python3 scripts/truncate_gguf.py "$model" -o .gpu-model/smollm2-10blk.gguf --blocks 10
+  du -sh .gpu-model
+fi

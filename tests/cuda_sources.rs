@@ -509,8 +509,15 @@ mod gpu_scripts {
         (st.status.code().unwrap_or(-1), summary)
     }
 
+    // The quality step's runs (ubatch 32): CUDA0 logs the lowered terms (unless NOT_LOWERED)
+    // and gives CUDA_KLD, the CPU 0.0127 native and 0.0119 lowered (the measured values).
     const PERPLEXITY: &str = r#"kv=; for a in "$@"; do [ "$prev" = -ctk ] && kv=$a; prev=$a; done
-if [[ " $* " == *" --kl-divergence "* ]]; then
+if [[ " $* " == *" -ub 32 "* && " $* " == *" --kl-divergence "* ]]; then
+  m=0.012700; [ "$TQ_K_TERMS" = lowered ] && m=0.011900
+  if [[ " $* " == *" -ngl 99 "* ]]; then m=${CUDA_KLD:-0.012000}
+    [ -n "$NOT_LOWERED" ] || echo "llama_kv_cache: turbo K terms: 10 layer(s) on CUDA0, whose flash attention does not take them (tq-fa-contract.h), take them as a mask per head"; fi
+  printf 'Mean    KLD:   %s ±   0.000500\n' $m
+elif [[ " $* " == *" --kl-divergence "* ]]; then
   m=0.000000; [ "$kv" = "$RACY" ] && m=0.012345
   printf 'Mean    KLD:   %s ±   0.000000\nMaximum KLD:   %s\nSame top p: 100.000 ± 0.000 %%\n' $m $m
 else echo "Final estimate: PPL = 51234.5678 +/- 12.34567"; fi"#;
@@ -600,13 +607,102 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// The tools built elsewhere (scripts/gpu-prebuild.sh): unpacked and used, without a
+    /// build, when they were built from the packed sources; built there (here: a failing
+    /// cmake on stand-in sources) when not.
+    #[test]
+    fn gpu_check_takes_prebuilt_tools_only_from_the_same_sources() {
+        let d = scratch("prebuilt");
+        stand_ins(&d);
+        let pack = d.join("pack");
+        std::fs::create_dir_all(&pack).unwrap();
+        std::fs::write(pack.join("llama-src.tar.xz"), b"sources").unwrap();
+        std::fs::write(pack.join("libturboquant_capi.a.xz"), b"codec").unwrap();
+        // the archive: the stand-in tools plus tq-parity and the stamp, md5("sourcescodec")
+        let stage = d.join("stage/bin");
+        std::fs::create_dir_all(&stage).unwrap();
+        for t in ["llama-perplexity", "llama-bench", "test-backend-ops"] {
+            std::fs::copy(d.join("bin").join(t), stage.join(t)).unwrap();
+        }
+        tool(&stage, "tq-parity", r#"echo "parity: identical (prebuilt stand-in)""#);
+        let md5 = |s: &str| {
+            let o = Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s '{s}' | md5sum | cut -d' ' -f1"))
+                .output()
+                .unwrap();
+            String::from_utf8(o.stdout).unwrap()
+        };
+        let pack_archive = |stamp: &str| {
+            std::fs::write(stage.join(".pack"), stamp).unwrap();
+            let st = Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "tar -C {} -cf - bin | xz > {}",
+                    d.join("stage").display(),
+                    pack.join("prebuilt-sm90.tar.xz").display()
+                ))
+                .status()
+                .unwrap();
+            assert!(st.success());
+        };
+        let build = d.join("build");
+        let envs = |b: &Path| {
+            vec![
+                ("TQ_GPU_PACK", pack.display().to_string()),
+                ("TQ_GPU_PREBUILT", "0".to_string()),
+                ("TQ_GPU_BUILD", b.display().to_string()),
+            ]
+        };
+        pack_archive(&md5("sourcescodec"));
+        let (code, s) = run("scripts/gpu-check.sh", &d, &envs(&build));
+        assert_eq!(code, 0, "{s}");
+        assert!(s.contains("PASS build: prebuilt for sm_90 elsewhere"), "{s}");
+        assert!(s.contains("PASS tq-parity: parity: identical (prebuilt stand-in)"), "{s}");
+        // built from other sources: not taken
+        pack_archive(&md5("other sources"));
+        let (code, s) = run("scripts/gpu-check.sh", &d, &envs(&d.join("build2")));
+        assert_eq!(code, 1, "{s}");
+        assert!(s.contains("is from other sources than .gpu/llama-src.tar.xz; building here"), "{s}");
+        assert!(!s.contains("PASS build"), "{s}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn gpu_bench_detects_a_race_and_reports_targets() {
         let d = scratch("bench");
         stand_ins(&d);
         let model = ("TQ_GPU_MODEL", d.join("model.gguf").display().to_string());
-        let (code, s) = run("scripts/gpu-bench.sh", &d, std::slice::from_ref(&model));
+        let no_q = ("TQ_GPU_QUALITY_MODEL", d.join("none.gguf").display().to_string());
+        let (code, s) = run("scripts/gpu-bench.sh", &d, &[model.clone(), no_q.clone()]);
         assert_eq!(code, 0, "{s}");
+        assert!(s.contains("SKIP quality: no "), "{s}");
+        // the quality step: CUDA0 against the CPU's lowered form, within 1.15x
+        let qm = d.join("q.gguf");
+        std::fs::write(&qm, b"GGUF").unwrap();
+        let q = ("TQ_GPU_QUALITY_MODEL", qm.display().to_string());
+        let (code, s) = run("scripts/gpu-bench.sh", &d, &[model.clone(), q.clone()]);
+        assert_eq!(code, 0, "{s}");
+        assert!(
+            s.contains("PASS quality turbo4/turbo3, ctx 4096: KLD CUDA0 0.012000, CPU lowered 0.011900, CPU native 0.012700 (0.945x the native)"),
+            "{s}"
+        );
+        // the fitted mean's KLD (what CUDA ran before the lowering) fails, so does a log
+        // without the lowered terms
+        let (code, s) = run(
+            "scripts/gpu-bench.sh",
+            &d,
+            &[model.clone(), q.clone(), ("CUDA_KLD", "0.015300".into())],
+        );
+        assert_eq!(code, 1, "{s}");
+        assert!(s.contains("FAIL quality turbo4/turbo4, ctx 4096: KLD CUDA0 0.015300"), "{s}");
+        let (code, s) = run(
+            "scripts/gpu-bench.sh",
+            &d,
+            &[model.clone(), q, ("NOT_LOWERED", "1".into())],
+        );
+        assert_eq!(code, 1, "{s}");
+        assert!(s.contains("the log does not show the turbo K terms lowered on CUDA0"), "{s}");
         assert!(
             s.contains("PASS race turbo4") && s.contains("PASS race turbo3"),
             "{s}"
@@ -627,14 +723,14 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         let (code, s) = run(
             "scripts/gpu-bench.sh",
             &d,
-            &[model.clone(), ("WRONG_KERNEL", "gqa".into())],
+            &[model.clone(), no_q.clone(), ("WRONG_KERNEL", "gqa".into())],
         );
         assert_eq!(code, 1, "timing the wrong decode kernel must fail: {s}");
         assert!(s.contains("TQ_CUDA_FA=vec (kernel logged: gqa)"), "{s}");
         let (code, s) = run(
             "scripts/gpu-bench.sh",
             &d,
-            &[model, ("RACY", "turbo3".into())],
+            &[model, no_q, ("RACY", "turbo3".into())],
         );
         assert_eq!(code, 1, "{s}");
         assert!(s.contains("FAIL race turbo3: max KLD 0.012345"), "{s}");
