@@ -124,7 +124,8 @@ static inline FaCodePath tq_vk_fa_path(FaCodePath path, ggml_type k_type, ggml_t
 }
 
 /* Our pipelines that have no slot in upstream's tables: turbo -> f16 with the CPY interface
- * (strided source, contiguous destination; tq_vk_mul_mat), one per device and type. */
+ * (strided source, contiguous destination; tq_vk_mul_mat), one per device and type. Keyed by
+ * the device's address: ggml-vulkan keeps a device for the whole process (vk_instance.devices). */
 struct tq_vk_pipelines {
     vk_pipeline cpy_f16[GGML_TYPE_COUNT];
 };
