@@ -1,6 +1,6 @@
 # Included by the patched ggml/src/ggml-vulkan/CMakeLists.txt right after the ggml-vulkan target
 # is defined (GGML_VULKAN=ON). It compiles our shaders (ggml-ext/ggml-vulkan/shaders/*.comp: the
-# turbo encode for SET_ROWS/CPY and the decode for GET_ROWS/CPY) with the glslc upstream found,
+# turbo encode for SET_ROWS/CPY and the decode for GET_ROWS/CPY and MUL_MAT's turbo K) with the glslc upstream found,
 # embeds their SPIR-V in a generated tq-vulkan-shaders.cpp, and gives ggml-vulkan.cpp our glue
 # (ggml-ext/ggml-vulkan/tq-vulkan.h). The flash attention decode of turbo K/V is compiled by
 # upstream's vulkan-shaders-gen, which the patch points at the same folder (--tq-include).
@@ -20,6 +20,7 @@ foreach(_tq_bits 2 3 4)
         "set_rows_f32_${_t}_i64|tq_encode.comp|TQ_BITS=${_tq_bits},TQ_SET_ROWS=1,B_TYPE=uvec2,B_SIZE=64"
         "cpy_f32_${_t}|tq_encode.comp|TQ_BITS=${_tq_bits}"
         "cpy_${_t}_f32|tq_decode.comp|TQ_BITS=${_tq_bits}"
+        "cpy_${_t}_f16|tq_decode.comp|TQ_BITS=${_tq_bits},D_TYPE=float16_t"
         "get_rows_${_t}|tq_decode.comp|TQ_BITS=${_tq_bits},TQ_GET_ROWS=1,D_TYPE=float16_t"
         "get_rows_${_t}_f32|tq_decode.comp|TQ_BITS=${_tq_bits},TQ_GET_ROWS=1,D_TYPE=float")
 endforeach()

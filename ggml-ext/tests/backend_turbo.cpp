@@ -2,7 +2,8 @@
 // (no backend's headers, so it is built into every build; without the device it says so):
 //
 // - tq_test_backend_turbo_ops: which ops of a turbo KV cache the device takes (the cache tensor
-//   itself, SET_ROWS into it, the K shift's CPY, GET_ROWS and CPY out of it, KQ as MUL_MAT, and
+//   itself, SET_ROWS into it, the K shift's CPY, GET_ROWS and CPY out of it, KQ as MUL_MAT (a
+//   2-d view and llama's K view at f32 precision; an f16 B is refused), and
 //   FLASH_ATTN_EXT with a turbo K or V), for every turbo type, against what the caller says it
 //   implements; the same ops on f16 must be accepted, so that a device that refuses everything
 //   (or one that was never initialised) does not pass.
@@ -49,6 +50,9 @@ struct CacheOps {
         ggml_tensor * kv    = ggml_view_3d(ctx, cache, d, n_kv, h, cache->nb[1], ggml_row_size(type, d), 0);
         ggml_tensor * o     = ggml_new_tensor_3d(ctx, other, d, n_kv, h);
         ggml_tensor * k     = kv;
+        // flash attention off: KQ over the K view (heads interleaved), GGML_PREC_F32 as llama sets it
+        ggml_tensor * kq_f32 = ggml_mul_mat(ctx, kv, q);
+        ggml_prec_set_acc(kq_f32, GGML_PREC_F32);
         ops = {
             { "the cache tensor (NONE)", cache },
             { "VIEW of the cache", kv },
@@ -59,6 +63,9 @@ struct CacheOps {
             { "GET_ROWS from the cache", ggml_get_rows(ctx, cache, idx32) },
             { "MUL_MAT cache x f32 (KQ)", ggml_mul_mat(ctx, ggml_view_2d(ctx, cache, d, n_kv, cache->nb[1], 0),
                                                        ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d, n_q)) },
+            { "MUL_MAT K view x Q at f32 precision (llama's KQ)", kq_f32 },
+            { "MUL_MAT cache x f16", ggml_mul_mat(ctx, ggml_view_2d(ctx, cache, d, n_kv, cache->nb[1], 0),
+                                                  ggml_new_tensor_2d(ctx, GGML_TYPE_F16, d, n_q)) },
             { "FLASH_ATTN_EXT with this K", ggml_flash_attn_ext(ctx, q, k, o, mask, 0.125f, 0.0f, 0.0f) },
             { "FLASH_ATTN_EXT with this V", ggml_flash_attn_ext(ctx, q, o, k, mask, 0.125f, 0.0f, 0.0f) },
         };
@@ -75,9 +82,9 @@ extern "C" int tq_test_backend_devices(const char * reg_name) {
     return reg ? (int) ggml_backend_reg_dev_count(reg) : 0;
 }
 
-// Device `index` of `reg_name` takes the ops of turbo2/3/4 caches except MUL_MAT when
-// `scalar_turbo` is 1 (a device with turbo shaders), none of them when it is 0; it refuses every
-// op of the trellis types either way and accepts the f16 ones.
+// Device `index` of `reg_name` takes the ops of turbo2/3/4 caches (MUL_MAT with an f32 B; not
+// with an f16 one) when `scalar_turbo` is 1 (a device with turbo shaders), none of them when it
+// is 0; it refuses every op of the trellis types either way and accepts the f16 ones.
 // 0: as expected; 1: not (what differed in err); 2: no such device.
 extern "C" int tq_test_backend_turbo_ops(const char * reg_name, int index, int scalar_turbo, char * err_buf, size_t cap) {
     Err err{ err_buf, cap };
@@ -101,8 +108,8 @@ extern "C" int tq_test_backend_turbo_ops(const char * reg_name, int index, int s
         for (ggml_type other : { GGML_TYPE_F16, t }) {
             CacheOps c(t, other);
             for (auto & [what, op] : c.ops) {
-                const bool mul_mat = op->op == GGML_OP_MUL_MAT;
-                const bool want = scalar_turbo && !TQ_GGML_IS_TCQ(t) && !TQ_GGML_IS_TCQ(other) && !mul_mat;
+                const bool f16_b = op->op == GGML_OP_MUL_MAT && op->src[1]->type == GGML_TYPE_F16;
+                const bool want = scalar_turbo && !TQ_GGML_IS_TCQ(t) && !TQ_GGML_IS_TCQ(other) && !f16_b;
                 if (ggml_backend_dev_supports_op(dev, op) != want) {
                     return err.fail("%s %s %s on %s (other cache %s)", ggml_backend_dev_name(dev),
                                     want ? "refuses" : "accepts", what.c_str(), ggml_type_name(t),

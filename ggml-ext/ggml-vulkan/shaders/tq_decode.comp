@@ -1,8 +1,9 @@
 #version 450
 // tq_decode.comp - turbo blocks to f32/f16: GET_ROWS (TQ_GET_ROWS defined; D_TYPE float or
-// float16_t) and CPY/CONT to f32. The same interfaces (bindings, push constants, dispatch
-// shape) as upstream's get_rows_quant.comp and copy_from_quant.comp, so ggml-vulkan's op code
-// dispatches these pipelines like its own.
+// float16_t) and CPY/CONT to f32 or f16 (D_TYPE, float when not defined), the source strided
+// in whole blocks (a permuted view of a cache: MUL_MAT's K, tq-vulkan.h tq_vk_mul_mat). The
+// same interfaces (bindings, push constants, dispatch shape) as upstream's get_rows_quant.comp
+// and copy_from_quant.comp, so ggml-vulkan's op code dispatches these pipelines like its own.
 //
 // Invariant: value j of a block is f32(d) * C[idx_j] (tq_block.glsl), the CPU's dequantize.
 
@@ -16,7 +17,9 @@
 #include "generic_binary_head.glsl"
 layout(local_size_x = 512, local_size_y = 1, local_size_z = 1) in;
 #else
+#if !defined(D_TYPE)
 #define D_TYPE float
+#endif
 #include "generic_unary_head.glsl"
 layout(local_size_x = 1, local_size_y = 1, local_size_z = 1) in;
 #endif
@@ -52,9 +55,9 @@ void main() {
         return;
     }
     const uint dst = get_doffset() + dst_idx(idx);
-    const uint ib = src0_idx_quant(idx, TQ_QK);
+    const uint ib = get_aoffset() + src0_idx_quant(idx, TQ_QK);
     for (uint j = 0u; j < TQ_QK; ++j) {
-        data_d[dst + j] = tq_value(ib, j);
+        data_d[dst + j] = D_TYPE(tq_value(ib, j));
     }
 #endif
 }
