@@ -194,14 +194,28 @@ static inline void tq_ggml_fa_tile_dots2(const float *kf, const float *t, int n,
 #define TQ_FA_HEAD_BLOCK 3
 
 #if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+/* Keeps a loaded vector in its register: GCC otherwise loads the same row again for every
+   head as a memory operand of each FMA, and a Zen 4 core loads one 512-bit vector per cycle
+   against one FMA, so the head loops below waited on loads (changes no arithmetic). */
+#if defined(__GNUC__)
+#define TQ_FA_KEEP(x) __asm__("" : "+v"(x))
+#else
+#define TQ_FA_KEEP(x) ((void) 0)
+#endif
+
 /* acc[h][j] += (row j of rows)[d, d + 16) * v[h][d, d + 16) for rows 0..3 of DK floats, heads h < gb. */
 static inline __attribute__((always_inline)) void tq_fa_fma4_heads(const float *rows, int64_t DK, int64_t d,
                                                                    const float *const *v, int gb,
                                                                    __m512 acc[][4]) {
-    const __m512 r0 = _mm512_loadu_ps(rows + d), r1 = _mm512_loadu_ps(rows + DK + d);
-    const __m512 r2 = _mm512_loadu_ps(rows + 2 * DK + d), r3 = _mm512_loadu_ps(rows + 3 * DK + d);
+    __m512 r0 = _mm512_loadu_ps(rows + d), r1 = _mm512_loadu_ps(rows + DK + d);
+    __m512 r2 = _mm512_loadu_ps(rows + 2 * DK + d), r3 = _mm512_loadu_ps(rows + 3 * DK + d);
+    TQ_FA_KEEP(r0);
+    TQ_FA_KEEP(r1);
+    TQ_FA_KEEP(r2);
+    TQ_FA_KEEP(r3);
     for (int h = 0; h < gb; ++h) {
-        const __m512 x = _mm512_loadu_ps(v[h] + d);
+        __m512 x = _mm512_loadu_ps(v[h] + d);
+        TQ_FA_KEEP(x);
         acc[h][0] = _mm512_fmadd_ps(r0, x, acc[h][0]);
         acc[h][1] = _mm512_fmadd_ps(r1, x, acc[h][1]);
         acc[h][2] = _mm512_fmadd_ps(r2, x, acc[h][2]);
@@ -390,6 +404,38 @@ static inline void tq_ggml_fa_tile_mads(float *VKQ, const float *vf, const float
     }
 }
 
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+/* acc[h][0..DV) += sum_i w[h][i] * (row i of vf) for heads h < gb (DV a multiple of 64): 64
+   outputs per head in registers across the tile's rows, each row's 64 values loaded once
+   for the gb heads; every output takes its multiply-adds in the order of i. */
+static inline __attribute__((always_inline)) void tq_fa_mads_block_512(float *const *acc, const float *const *w,
+                                                                       const float *vf, int n, int64_t DV, int gb) {
+    for (int64_t d0 = 0; d0 < DV; d0 += 64) {
+        __m512 a[TQ_FA_HEAD_BLOCK][4];
+        for (int h = 0; h < gb; ++h)
+            for (int j = 0; j < 4; ++j) a[h][j] = _mm512_loadu_ps(acc[h] + d0 + 16 * j);
+        for (int i = 0; i < n; ++i) {
+            const float *x = vf + (int64_t) i * DV + d0;
+            __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+            __m512 x2 = _mm512_loadu_ps(x + 32), x3 = _mm512_loadu_ps(x + 48);
+            TQ_FA_KEEP(x0);
+            TQ_FA_KEEP(x1);
+            TQ_FA_KEEP(x2);
+            TQ_FA_KEEP(x3);
+            for (int h = 0; h < gb; ++h) {
+                const __m512 wi = _mm512_set1_ps(w[h][i]);
+                a[h][0] = _mm512_fmadd_ps(wi, x0, a[h][0]);
+                a[h][1] = _mm512_fmadd_ps(wi, x1, a[h][1]);
+                a[h][2] = _mm512_fmadd_ps(wi, x2, a[h][2]);
+                a[h][3] = _mm512_fmadd_ps(wi, x3, a[h][3]);
+            }
+        }
+        for (int h = 0; h < gb; ++h)
+            for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc[h] + d0 + 16 * j, a[h][j]);
+    }
+}
+#endif
+
 /* VKQ_h[0..DV) += sum_i w_h[i] * (row i of vf) for heads h < g (w_h = w + h * TQ_FA_TILE; a
    head with live[h] == 0 is left alone): each row of vf is loaded once per pass of up to
    TQ_FA_HEAD_BLOCK heads, 16 outputs to a register (AVX-512), else tq_ggml_fa_tile_mads per
@@ -403,24 +449,19 @@ static inline void tq_ggml_fa_tile_mads_heads(float *const *VKQ, const int *live
             if (live[h]) hs[nl++] = h;
         for (int b = 0; b < nl; b += TQ_FA_HEAD_BLOCK) {
             const int gb = nl - b < TQ_FA_HEAD_BLOCK ? nl - b : TQ_FA_HEAD_BLOCK;
-            for (int64_t d0 = 0; d0 < DV; d0 += 64) {
-                __m512 acc[TQ_FA_HEAD_BLOCK][4];
-                for (int h = 0; h < gb; ++h)
-                    for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_loadu_ps(VKQ[hs[b + h]] + d0 + 16 * j);
-                for (int i = 0; i < n; ++i) {
-                    const float *x = vf + (int64_t) i * DV + d0;
-                    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-                    const __m512 x2 = _mm512_loadu_ps(x + 32), x3 = _mm512_loadu_ps(x + 48);
-                    for (int h = 0; h < gb; ++h) {
-                        const __m512 wi = _mm512_set1_ps(w[hs[b + h] * TQ_FA_TILE + i]);
-                        acc[h][0] = _mm512_fmadd_ps(wi, x0, acc[h][0]);
-                        acc[h][1] = _mm512_fmadd_ps(wi, x1, acc[h][1]);
-                        acc[h][2] = _mm512_fmadd_ps(wi, x2, acc[h][2]);
-                        acc[h][3] = _mm512_fmadd_ps(wi, x3, acc[h][3]);
-                    }
-                }
-                for (int h = 0; h < gb; ++h)
-                    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(VKQ[hs[b + h]] + d0 + 16 * j, acc[h][j]);
+            float *acc[TQ_FA_HEAD_BLOCK];
+            const float *wh[TQ_FA_HEAD_BLOCK];
+            for (int h = 0; h < gb; ++h) {
+                acc[h] = VKQ[hs[b + h]];
+                wh[h] = w + hs[b + h] * TQ_FA_TILE;
+            }
+            /* a constant block size, so that the accumulators stay in registers */
+            if (gb == 3) {
+                tq_fa_mads_block_512(acc, wh, vf, n, DV, 3);
+            } else if (gb == 2) {
+                tq_fa_mads_block_512(acc, wh, vf, n, DV, 2);
+            } else {
+                tq_fa_mads_block_512(acc, wh, vf, n, DV, 1);
             }
         }
         return;
