@@ -216,7 +216,11 @@ extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64
     for (int64_t h = 0; h < mask_heads; ++h) {
         for (int64_t i = 0; i < n_q; ++i) {
             for (int64_t j = 0; j < n_kv; ++j) {
-                const bool hole = j % 7 == 3 || (j >= 40 && j < 90) || j >= n_kv - 37 + i || (h == 1 && j % 11 == 5);
+                // a prefill (n_q > 8): the isolated holes only among the first keys, so that whole
+                // tiles and several key windows follow, and a causal end that differs per query
+                const bool pre = n_q > 8;
+                const bool hole = (j % 7 == 3 && (!pre || j < 100)) || (j >= 40 && j < 90) ||
+                                  (pre ? j > n_kv - n_q + i : j >= n_kv - 37 + i) || (h == 1 && j % 11 == 5 && (!pre || j < 200));
                 const float val = mask_heads == 1 ? (j % 3 ? 0.0f : small(rng)) : small(rng);
                 m[(h * n_q + i) * n_kv + j] = ggml_fp32_to_fp16(hole ? -INFINITY : val);
             }
