@@ -379,6 +379,9 @@ static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t 
    product, is most of a turbo key's cost, and nearly all of a trellis key's). */
 #define TQ_FA_GQA_MAX 8
 #define TQ_FA_GQA_DMAX 256
+#if TQ_FA_GQA_DMAX != TQ_PREFILL_TILES_DMAX
+#error "tq_ggml_decode_for_prefill (tq-ggml.h) sends a prefill to the tiles only up to this head size"
+#endif
 
 /* VKQ[0..DV) += sum_i w[i] * (row i of vf) over the tile's n rows: 64 outputs at a time
    stay in registers across the rows (AVX2), so the accumulator is read and written once per
