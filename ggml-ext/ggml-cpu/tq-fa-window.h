@@ -20,8 +20,9 @@
 /* Decoded K and V rows kept per window: about half of a core's L2 for head size 64 (256 keys). */
 #define TQ_FA_WIN_BYTES (128 * 1024)
 
-/* A chunk takes the windows when it has at least this many rows (a decode's few rows keep
-   tq_ggml_fa_rows_shared's tile on the stack; the bits are the same either way). */
+/* A chunk of several query tokens takes the windows when it has at least this many rows (a
+   decode's few rows keep tq_ggml_fa_rows_shared's tile on the stack; the bits are the same
+   either way). */
 #define TQ_FA_WIN_MIN_ROWS 16
 
 /* One query row: its head state, the mask row its tiles follow (its GQA group's first

@@ -275,7 +275,7 @@ static inline void tq_ggml_fa_tile_dots_heads(const float *kf, const float *t, i
    it. Returns the run's length, 0 when no key is left. */
 static inline int tq_ggml_fa_next_run(const ggml_fp16_t *mp, float slope, int64_t *ic, int64_t ic1, int64_t *start,
                                       float *mv) {
-#if defined(TQ_FA_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && TQ_FA_TILE == 32
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__GNUC__) && TQ_FA_TILE == 32
     /* 32 mask values at a time where 32 keys are left and the slope is 1 (the shared tiles'
        case): a value is -INF exactly when its f16 bits are 0xFC00, and the conversion is
        exact, so this returns what the loop below returns (a prefill's rows each scan the mask
@@ -721,8 +721,9 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
     const int decoded = fa.dot && DK <= TQ_FA_GQA_DMAX && DV <= TQ_FA_GQA_DMAX && k_dec && v_dec &&
                         k_vec_dot_type == GGML_TYPE_F32 && q->type == GGML_TYPE_F32;
     const int shared = decoded && tq_ggml_fa_tile() >= 2 && g > 1 && g <= TQ_FA_GQA_MAX && rv2 == rk2 && rv3 == rk3;
-    /* a prefill's chunk: every row over keys decoded once per window (tq-fa-window.h) */
-    if (decoded && tq_ggml_fa_tile() >= 2 && rv2 == rk2 && rv3 == rk3 && ir1 - ir0 >= TQ_FA_WIN_MIN_ROWS) {
+    /* a prefill's chunk: every row over keys decoded once per window (tq-fa-window.h); a
+       decode's rows (one query token: its heads) share no more than a group's tiles */
+    if (decoded && tq_ggml_fa_tile() >= 2 && rv2 == rk2 && rv3 == rk3 && neq1 > 1 && ir1 - ir0 >= TQ_FA_WIN_MIN_ROWS) {
         const int nr = ir1 - ir0;
         const int64_t W = tq_fa_win_keys(DK, DV);
         const size_t floats = (size_t) nr * DV + (size_t) W * (DK + DV);
