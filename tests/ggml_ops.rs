@@ -48,7 +48,13 @@ const TURBO4: c_int = 98;
 const TURBO3_TCQ: c_int = 99;
 const TURBO2_TCQ: c_int = 100;
 
+/// One test at a time: several set the process-wide tile switch (tq_ggml_set_fa_tile) for a
+/// while, and a test running beside them would compute with the other test's setting (the
+/// lone-against-batched bit checks then fail on a path they did not choose).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn check(f: impl FnOnce(*mut c_char, usize) -> c_int) {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     std::hint::black_box(turboquant_capi::link_anchor());
     let mut buf = [0 as c_char; 512];
     let rc = f(buf.as_mut_ptr(), buf.len());
@@ -144,6 +150,9 @@ fn flash_attn_tiled_decode_equals_per_key_loop() {
                 (3, 0.0, 1, 8.0),
                 (2, 20.0, 0, 0.0),
                 (8, 0.0, 0, 0.0),
+                // prefill chunks: the decoded key windows (tq-fa-window.h)
+                (80, 0.0, 1, 8.0),
+                (80, 20.0, 0, 0.0),
             ] {
                 // one mask row for all heads, then one per head (the K mean in RoPE's frame)
                 for mask_heads in [1, 6] {

@@ -509,16 +509,17 @@ fn turbo_k_without_flash_attention_works() {
 /// The lowered turbo K terms (what a device gets whose flash attention does not run them:
 /// docs/KV-CACHE.md), forced on the CPU with `TQ_K_TERMS=lowered`, against the CPU's own
 /// terms: 4 sequences per batch at ctx 256 (a unified cache with 4 first-key slots), as one
-/// prefill ubatch (K decoded with `R_p·μ'` and the first keys' corrections: the same floats as
-/// the native prefill, KLD 0.041986 both, measured) and as decode-size ubatches of 32 (the
-/// per-head mask with `q·(R_j − k_c)`: measured native 0.0476 ± 0.0057, lowered 0.0439 ±
-/// 0.0045, lowered without first keys 0.0546; two correct roundings of a quantized cache
-/// differ by about their standard errors). A wrong slot, stream or head index moves the KLD
-/// far past that; the exactness of each piece is tests/ggml_ops.rs's.
+/// prefill ubatch decoded to f32 (`TQ_PREFILL_DECODE=1`: K decoded with `R_p·μ'` and the first
+/// keys' corrections, the same floats as the native prefill, KLD 0.041986 both, measured), as
+/// one prefill ubatch on the turbo tiles (the default) and as decode-size ubatches of 32 (both
+/// the tiles with the terms, against the per-head mask with `q·(R_j − k_c)`: measured native
+/// 0.0476 ± 0.0057, lowered 0.0439 ± 0.0045, lowered without first keys 0.0546; two correct
+/// roundings of a quantized cache differ by about their standard errors). A wrong slot, stream
+/// or head index moves the KLD far past that; the exactness of each piece is tests/ggml_ops.rs's.
 #[test]
 fn lowered_k_terms_give_the_native_quality() {
     let base = std::env::temp_dir().join(format!("tq-kld-base-lowered-{}.bin", std::process::id()));
-    let ppl = |ub: &str, terms: &str, save: bool| {
+    let ppl_with = |ub: &str, terms: &str, save: bool, prefill_decode: &str| {
         let mut cmd = perplexity_cmd(&corpus());
         cmd.args([
             "-c", "256", "-b", "1024", "-ub", ub, "--chunks", "4", "-fa", "on", "-t", "2", "-lv",
@@ -531,38 +532,41 @@ fn lowered_k_terms_give_the_native_quality() {
         }
         cmd.arg("--kl-divergence-base").arg(&base);
         cmd.env("TQ_K_TERMS", terms);
+        cmd.env("TQ_PREFILL_DECODE", prefill_decode);
         let o = run(&mut cmd);
         let t = text(&o);
         assert!(
             o.status.success(),
-            "llama-perplexity -ub {ub} TQ_K_TERMS={terms} failed:\n{t}"
+            "llama-perplexity -ub {ub} TQ_K_TERMS={terms} TQ_PREFILL_DECODE={prefill_decode} failed:\n{t}"
         );
         t
     };
-    ppl("1024", "auto", true);
+    ppl_with("1024", "auto", true, "0");
     let mut got = Vec::new();
-    for ub in ["1024", "32"] {
-        let native = ppl(ub, "auto", false);
-        let lowered = ppl(ub, "lowered", false);
+    // (ubatch, TQ_PREFILL_DECODE): the f32 prefill, the turbo tiles' prefill, decode-size ubatches
+    for (ub, pd) in [("1024", "1"), ("1024", "0"), ("32", "0")] {
+        let native = ppl_with(ub, "auto", false, pd);
+        let lowered = ppl_with(ub, "lowered", false, pd);
         assert!(
             lowered.contains("take them lowered, as asked (TQ_K_TERMS=lowered)"),
             "-ub {ub}: no log line for the lowered terms:\n{lowered}"
         );
         let (kn, en) = value_pm(&native, "Mean    KLD:").expect("KLD native");
         let (kl, el) = value_pm(&lowered, "Mean    KLD:").expect("KLD lowered");
-        eprintln!("-ub {ub}: KLD native {kn:.6} ± {en:.6}, lowered {kl:.6} ± {el:.6}");
+        eprintln!("-ub {ub} TQ_PREFILL_DECODE={pd}: KLD native {kn:.6} ± {en:.6}, lowered {kl:.6} ± {el:.6}");
         got.push((kn, en, kl, el));
     }
     let _ = std::fs::remove_file(&base);
     let (kn, _, kl, _) = got[0];
     assert!(
         (kl - kn).abs() <= 1e-4,
-        "prefill: lowered KLD {kl} is not the native {kn} (the same floats were measured)"
+        "f32 prefill: lowered KLD {kl} is not the native {kn} (the same floats were measured)"
     );
-    let (kn, en, kl, el) = got[1];
-    assert!(
-        // measured 0.0037 apart, 0.36 of the two errors' sum
-        (kl - kn).abs() <= en + el,
-        "-ub 32: lowered KLD {kl} ± {el} is further from the native {kn} ± {en} than their errors' sum"
-    );
+    for (what, &(kn, en, kl, el)) in ["tiles' prefill", "-ub 32"].iter().zip(&got[1..]) {
+        assert!(
+            // -ub 32 measured 0.0037 apart, 0.36 of the two errors' sum
+            (kl - kn).abs() <= en + el,
+            "{what}: lowered KLD {kl} ± {el} is further from the native {kn} ± {en} than their errors' sum"
+        );
+    }
 }

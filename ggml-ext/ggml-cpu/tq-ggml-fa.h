@@ -194,14 +194,28 @@ static inline void tq_ggml_fa_tile_dots2(const float *kf, const float *t, int n,
 #define TQ_FA_HEAD_BLOCK 3
 
 #if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+/* Keeps a loaded vector in its register: GCC otherwise loads the same row again for every
+   head as a memory operand of each FMA, and a Zen 4 core loads one 512-bit vector per cycle
+   against one FMA, so the head loops below waited on loads (changes no arithmetic). */
+#if defined(__GNUC__)
+#define TQ_FA_KEEP(x) __asm__("" : "+v"(x))
+#else
+#define TQ_FA_KEEP(x) ((void) 0)
+#endif
+
 /* acc[h][j] += (row j of rows)[d, d + 16) * v[h][d, d + 16) for rows 0..3 of DK floats, heads h < gb. */
 static inline __attribute__((always_inline)) void tq_fa_fma4_heads(const float *rows, int64_t DK, int64_t d,
                                                                    const float *const *v, int gb,
                                                                    __m512 acc[][4]) {
-    const __m512 r0 = _mm512_loadu_ps(rows + d), r1 = _mm512_loadu_ps(rows + DK + d);
-    const __m512 r2 = _mm512_loadu_ps(rows + 2 * DK + d), r3 = _mm512_loadu_ps(rows + 3 * DK + d);
+    __m512 r0 = _mm512_loadu_ps(rows + d), r1 = _mm512_loadu_ps(rows + DK + d);
+    __m512 r2 = _mm512_loadu_ps(rows + 2 * DK + d), r3 = _mm512_loadu_ps(rows + 3 * DK + d);
+    TQ_FA_KEEP(r0);
+    TQ_FA_KEEP(r1);
+    TQ_FA_KEEP(r2);
+    TQ_FA_KEEP(r3);
     for (int h = 0; h < gb; ++h) {
-        const __m512 x = _mm512_loadu_ps(v[h] + d);
+        __m512 x = _mm512_loadu_ps(v[h] + d);
+        TQ_FA_KEEP(x);
         acc[h][0] = _mm512_fmadd_ps(r0, x, acc[h][0]);
         acc[h][1] = _mm512_fmadd_ps(r1, x, acc[h][1]);
         acc[h][2] = _mm512_fmadd_ps(r2, x, acc[h][2]);
@@ -261,6 +275,34 @@ static inline void tq_ggml_fa_tile_dots_heads(const float *kf, const float *t, i
    it. Returns the run's length, 0 when no key is left. */
 static inline int tq_ggml_fa_next_run(const ggml_fp16_t *mp, float slope, int64_t *ic, int64_t ic1, int64_t *start,
                                       float *mv) {
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__GNUC__) && TQ_FA_TILE == 32
+    /* 32 mask values at a time where 32 keys are left and the slope is 1 (the shared tiles'
+       case): a value is -INF exactly when its f16 bits are 0xFC00, and the conversion is
+       exact, so this returns what the loop below returns (a prefill's rows each scan the mask
+       for their tiles, and the scalar scan was a tenth of the kernel) */
+    if (slope == 1.0f) {
+        while (*ic + 32 <= ic1) {
+            if (!mp) {
+                *start = *ic;
+                *ic += 32;
+                memset(mv, 0, 32 * sizeof(float));
+                return 32;
+            }
+            const __m512i h = _mm512_loadu_si512((const void *) (mp + *ic));
+            const uint32_t inf = (uint32_t) _mm512_cmpeq_epi16_mask(h, _mm512_set1_epi16((short) 0xFC00));
+            if (inf & 1u) { /* skip the leading excluded keys */
+                *ic += inf == 0xFFFFFFFFu ? 32 : __builtin_ctz(~inf);
+                continue;
+            }
+            const int n = inf ? __builtin_ctz(inf) : 32;
+            _mm512_storeu_ps(mv, _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+            _mm512_storeu_ps(mv + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)));
+            *start = *ic;
+            *ic += n;
+            return n;
+        }
+    }
+#endif
     int n = 0;
     *start = *ic;
     for (; *ic < ic1 && n < TQ_FA_TILE; ++*ic) {
@@ -337,6 +379,9 @@ static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t 
    product, is most of a turbo key's cost, and nearly all of a trellis key's). */
 #define TQ_FA_GQA_MAX 8
 #define TQ_FA_GQA_DMAX 256
+#if TQ_FA_GQA_DMAX != TQ_PREFILL_TILES_DMAX
+#error "tq_ggml_decode_for_prefill (tq-ggml.h) sends a prefill to the tiles only up to this head size"
+#endif
 
 /* VKQ[0..DV) += sum_i w[i] * (row i of vf) over the tile's n rows: 64 outputs at a time
    stay in registers across the rows (AVX2), so the accumulator is read and written once per
@@ -362,6 +407,38 @@ static inline void tq_ggml_fa_tile_mads(float *VKQ, const float *vf, const float
     }
 }
 
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+/* acc[h][0..DV) += sum_i w[h][i] * (row i of vf) for heads h < gb (DV a multiple of 64): 64
+   outputs per head in registers across the tile's rows, each row's 64 values loaded once
+   for the gb heads; every output takes its multiply-adds in the order of i. */
+static inline __attribute__((always_inline)) void tq_fa_mads_block_512(float *const *acc, const float *const *w,
+                                                                       const float *vf, int n, int64_t DV, int gb) {
+    for (int64_t d0 = 0; d0 < DV; d0 += 64) {
+        __m512 a[TQ_FA_HEAD_BLOCK][4];
+        for (int h = 0; h < gb; ++h)
+            for (int j = 0; j < 4; ++j) a[h][j] = _mm512_loadu_ps(acc[h] + d0 + 16 * j);
+        for (int i = 0; i < n; ++i) {
+            const float *x = vf + (int64_t) i * DV + d0;
+            __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+            __m512 x2 = _mm512_loadu_ps(x + 32), x3 = _mm512_loadu_ps(x + 48);
+            TQ_FA_KEEP(x0);
+            TQ_FA_KEEP(x1);
+            TQ_FA_KEEP(x2);
+            TQ_FA_KEEP(x3);
+            for (int h = 0; h < gb; ++h) {
+                const __m512 wi = _mm512_set1_ps(w[h][i]);
+                a[h][0] = _mm512_fmadd_ps(wi, x0, a[h][0]);
+                a[h][1] = _mm512_fmadd_ps(wi, x1, a[h][1]);
+                a[h][2] = _mm512_fmadd_ps(wi, x2, a[h][2]);
+                a[h][3] = _mm512_fmadd_ps(wi, x3, a[h][3]);
+            }
+        }
+        for (int h = 0; h < gb; ++h)
+            for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc[h] + d0 + 16 * j, a[h][j]);
+    }
+}
+#endif
+
 /* VKQ_h[0..DV) += sum_i w_h[i] * (row i of vf) for heads h < g (w_h = w + h * TQ_FA_TILE; a
    head with live[h] == 0 is left alone): each row of vf is loaded once per pass of up to
    TQ_FA_HEAD_BLOCK heads, 16 outputs to a register (AVX-512), else tq_ggml_fa_tile_mads per
@@ -375,24 +452,19 @@ static inline void tq_ggml_fa_tile_mads_heads(float *const *VKQ, const int *live
             if (live[h]) hs[nl++] = h;
         for (int b = 0; b < nl; b += TQ_FA_HEAD_BLOCK) {
             const int gb = nl - b < TQ_FA_HEAD_BLOCK ? nl - b : TQ_FA_HEAD_BLOCK;
-            for (int64_t d0 = 0; d0 < DV; d0 += 64) {
-                __m512 acc[TQ_FA_HEAD_BLOCK][4];
-                for (int h = 0; h < gb; ++h)
-                    for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_loadu_ps(VKQ[hs[b + h]] + d0 + 16 * j);
-                for (int i = 0; i < n; ++i) {
-                    const float *x = vf + (int64_t) i * DV + d0;
-                    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-                    const __m512 x2 = _mm512_loadu_ps(x + 32), x3 = _mm512_loadu_ps(x + 48);
-                    for (int h = 0; h < gb; ++h) {
-                        const __m512 wi = _mm512_set1_ps(w[hs[b + h] * TQ_FA_TILE + i]);
-                        acc[h][0] = _mm512_fmadd_ps(wi, x0, acc[h][0]);
-                        acc[h][1] = _mm512_fmadd_ps(wi, x1, acc[h][1]);
-                        acc[h][2] = _mm512_fmadd_ps(wi, x2, acc[h][2]);
-                        acc[h][3] = _mm512_fmadd_ps(wi, x3, acc[h][3]);
-                    }
-                }
-                for (int h = 0; h < gb; ++h)
-                    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(VKQ[hs[b + h]] + d0 + 16 * j, acc[h][j]);
+            float *acc[TQ_FA_HEAD_BLOCK];
+            const float *wh[TQ_FA_HEAD_BLOCK];
+            for (int h = 0; h < gb; ++h) {
+                acc[h] = VKQ[hs[b + h]];
+                wh[h] = w + hs[b + h] * TQ_FA_TILE;
+            }
+            /* a constant block size, so that the accumulators stay in registers */
+            if (gb == 3) {
+                tq_fa_mads_block_512(acc, wh, vf, n, DV, 3);
+            } else if (gb == 2) {
+                tq_fa_mads_block_512(acc, wh, vf, n, DV, 2);
+            } else {
+                tq_fa_mads_block_512(acc, wh, vf, n, DV, 1);
             }
         }
         return;
@@ -412,88 +484,135 @@ typedef struct {
     float *VKQ;
 } tq_ggml_fa_head_t;
 
+/* One tile for heads *hd[0..g): keys [start, start + n), decoded (or a sink slot's exact
+   row) in kf and vf, rows of DK and DV floats. mv: the tile's mask values read from the mask
+   row mp with slope 1 (the row the tiles follow); a head whose own mask row is not mp (a
+   per-head mask, as the K mean in RoPE's frame adds: the same -INF cells, other finite
+   values) reads its values from its own row, and a key it alone excludes weighs 0. Per head
+   the arithmetic is tq_ggml_fa_row's with the decode done apart from the dot product and the
+   accumulation, and it depends only on the head's own state, its query and the tile: never
+   on which other heads (or query rows, tq-fa-window.h) share the call. tc: the per-key
+   term's cells (NULL: no term); a tile of consecutive positions takes its rows from U
+   (tq-fa-term.h), a choice made from the tile alone. */
+static inline void tq_ggml_fa_heads_tile(tq_ggml_fa_head_t *const *hd, int g, const float *kf, const float *vf,
+                                         int64_t start, int n, const ggml_fp16_t *mp, const float *mv, int64_t DK,
+                                         int64_t DV, float scale, float softcap, const tq_fa_term_cells_t *tc) {
+    float s[TQ_FA_GQA_MAX * TQ_FA_TILE], mh[TQ_FA_TILE];
+    float a_turned[TQ_FA_GQA_MAX * TQ_FA_GQA_DMAX];
+    const int steps = tc && tq_fa_term_steps(tc, start, n);
+    const float *t_rows = tc ? (steps ? tc->U : tc->T + start * DK) : NULL;
+    const float *qs[TQ_FA_GQA_MAX], *as[TQ_FA_GQA_MAX];
+    float *accs[TQ_FA_GQA_MAX];
+    int live[TQ_FA_GQA_MAX];
+    for (int h = 0; h < g; ++h) {
+        qs[h] = hd[h]->q;
+        as[h] = hd[h]->ta;
+        accs[h] = hd[h]->VKQ;
+        if (as[h] && steps) {
+            tq_fa_term_turn(tc->T + start * DK, as[h], DK, a_turned + h * TQ_FA_GQA_DMAX);
+            as[h] = a_turned + h * TQ_FA_GQA_DMAX;
+        }
+    }
+    tq_ggml_fa_tile_dots_heads(kf, t_rows, n, DK, qs, as, g, s);
+    for (int h = 0; h < g; ++h) {
+        tq_ggml_fa_head_t *H = hd[h];
+        float *sh = s + h * TQ_FA_TILE;
+        const float *m = mv;
+        int i0 = 0;
+        if (H->mp != mp) {
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+            for (; i0 + 16 <= n; i0 += 16) { /* f16 to f32 is exact either way */
+                _mm512_storeu_ps(mh + i0, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (H->mp + start + i0))));
+            }
+#endif
+            for (int i = i0; i < n; ++i) mh[i] = TQ_FA_FP16_TO_FP32(H->mp[start + i]);
+            m = mh;
+        }
+        float tile_max = -INFINITY;
+        int i = 0;
+        if (softcap == 0.0f) {
+            /* x = fma(s, scale, slope * m): one rounding of s * scale + (slope * m), in
+               vectors where 16 keys are left and one at a time after them */
+#if defined(TQ_FA_AVX2) && defined(__AVX512F__)
+            const __m512 vs = _mm512_set1_ps(scale), vsl = _mm512_set1_ps(H->slope);
+            __m512 vmax = _mm512_set1_ps(-INFINITY);
+            for (; i + 16 <= n; i += 16) {
+                const __m512 x = _mm512_fmadd_ps(_mm512_loadu_ps(sh + i), vs, _mm512_mul_ps(vsl, _mm512_loadu_ps(m + i)));
+                _mm512_storeu_ps(sh + i, x);
+                vmax = _mm512_max_ps(vmax, x);
+            }
+            if (i > 0) tile_max = _mm512_reduce_max_ps(vmax);
+#endif
+            for (; i < n; ++i) {
+                const float x = fmaf(sh[i], scale, H->slope * m[i]);
+                sh[i] = x;
+                tile_max = x > tile_max ? x : tile_max;
+            }
+        }
+        for (; i < n; ++i) {
+            float x = sh[i] * scale;
+            if (softcap != 0.0f) x = softcap * tanhf(x);
+            x += H->slope * m[i];
+            sh[i] = x;
+            tile_max = x > tile_max ? x : tile_max;
+        }
+        live[h] = tile_max != -INFINITY; /* 0: every key of the tile excluded for this head */
+        if (!live[h]) continue;
+        float ms = 1.0f;
+        if (tile_max > H->M) {
+            ms = expf(H->M - tile_max);
+            H->M = tile_max;
+            for (int64_t d = 0; d < DV; ++d) H->VKQ[d] *= ms;
+        }
+#ifdef GGML_VEC_MAD_UNROLL
+        const float sum = (float) ggml_vec_soft_max_f32(n, sh, sh, H->M);
+#else
+        float sum = 0.0f;
+        for (int i = 0; i < n; ++i) {
+            sh[i] = expf(sh[i] - H->M);
+            sum += sh[i];
+        }
+#endif
+        H->S = H->S * ms + sum;
+    }
+    tq_ggml_fa_tile_mads_heads(accs, live, vf, s, n, DV, g);
+}
+
+/* Key c's rows decoded into kf and vf (DK and DV floats): K from its sink slot's exact row
+   where the sink rule matches (tq-sink.h), else decoded like V. */
+static inline void tq_ggml_fa_decode_key(ggml_to_float_t k_dec, ggml_to_float_t v_dec, const char *k, size_t nbk1,
+                                         const char *v, size_t nbv1, int64_t c, int64_t DK, int64_t DV,
+                                         const tq_fa_term_cells_t *tc, float *kf, float *vf) {
+    const float *x = tq_fa_term_sink(tc, c, k + c * nbk1, DK);
+    if (x) {
+        memcpy(kf, x, DK * sizeof(float));
+    } else {
+        k_dec(k + c * nbk1, kf, DK);
+    }
+    v_dec(v + c * nbv1, vf, DV);
+}
+
 /* Heads hd[0..g) over keys [ic0, ic1) (g = 1: a head alone, the same arithmetic bit for bit).
    The tiles are the runs of keys that the mask row mp (the GQA group's first head's) does not
-   exclude; a head with a mask row of its own (a per-head mask, as the K mean in
-   RoPE's frame adds: the same -INF cells, other finite values) reads its values from it, and
-   a key it alone excludes weighs 0. Per head the arithmetic is tq_ggml_fa_row's with the
-   decode done apart from the dot product and the accumulation. tc: the per-key term's cells
-   (NULL: no term); a tile of consecutive positions takes its rows from U (tq-fa-term.h), the
-   same choice for a head alone and in its group; a cell the sink rule matches (tq-sink.h)
-   takes its slot's exact row instead of its decoded one. */
+   exclude; each is decoded once for all g heads and then taken by tq_ggml_fa_heads_tile. */
 static inline void tq_ggml_fa_rows_shared(ggml_to_float_t k_dec, ggml_to_float_t v_dec, const char *k, size_t nbk1,
                                           const char *v, size_t nbv1, tq_ggml_fa_head_t *hd, int g, int64_t DK,
                                           int64_t DV, const ggml_fp16_t *mp, float scale, float softcap, int64_t ic0,
                                           int64_t ic1, const tq_fa_term_cells_t *tc) {
-    float kf[TQ_FA_TILE * TQ_FA_GQA_DMAX], vf[TQ_FA_TILE * TQ_FA_GQA_DMAX];
-    float s[TQ_FA_GQA_MAX * TQ_FA_TILE], mv[TQ_FA_TILE], mh[TQ_FA_TILE];
-    float a_turned[TQ_FA_GQA_MAX * TQ_FA_GQA_DMAX];
+    float kf[TQ_FA_TILE * TQ_FA_GQA_DMAX], vf[TQ_FA_TILE * TQ_FA_GQA_DMAX], mv[TQ_FA_TILE];
+    tq_ggml_fa_head_t *hp[TQ_FA_GQA_MAX];
+    for (int h = 0; h < g; ++h) hp[h] = hd + h;
     int64_t ic = ic0, start;
     int n;
     while ((n = tq_ggml_fa_next_run(mp, 1.0f, &ic, ic1, &start, mv)) > 0) {
         for (int i = 0; i < n; ++i) {
-            const float *x = tq_fa_term_sink(tc, start + i, k + (start + i) * nbk1, DK);
-            if (x) {
-                memcpy(kf + i * DK, x, DK * sizeof(float));
-            } else {
-                k_dec(k + (start + i) * nbk1, kf + i * DK, DK);
-            }
-            v_dec(v + (start + i) * nbv1, vf + i * DV, DV);
+            tq_ggml_fa_decode_key(k_dec, v_dec, k, nbk1, v, nbv1, start + i, DK, DV, tc, kf + i * DK, vf + i * DV);
         }
-        const int steps = tc && tq_fa_term_steps(tc, start, n);
-        const float *t_rows = tc ? (steps ? tc->U : tc->T + start * DK) : NULL;
-        const float *qs[TQ_FA_GQA_MAX], *as[TQ_FA_GQA_MAX];
-        float *accs[TQ_FA_GQA_MAX];
-        int live[TQ_FA_GQA_MAX];
-        for (int h = 0; h < g; ++h) {
-            qs[h] = hd[h].q;
-            as[h] = hd[h].ta;
-            accs[h] = hd[h].VKQ;
-            if (as[h] && steps) {
-                tq_fa_term_turn(tc->T + start * DK, as[h], DK, a_turned + h * TQ_FA_GQA_DMAX);
-                as[h] = a_turned + h * TQ_FA_GQA_DMAX;
-            }
-        }
-        tq_ggml_fa_tile_dots_heads(kf, t_rows, n, DK, qs, as, g, s);
-        for (int h = 0; h < g; ++h) {
-            tq_ggml_fa_head_t *H = &hd[h];
-            float *sh = s + h * TQ_FA_TILE;
-            const float *m = mv;
-            if (H->mp != mp) {
-                for (int i = 0; i < n; ++i) mh[i] = TQ_FA_FP16_TO_FP32(H->mp[start + i]);
-                m = mh;
-            }
-            float tile_max = -INFINITY;
-            for (int i = 0; i < n; ++i) {
-                float x = sh[i] * scale;
-                if (softcap != 0.0f) x = softcap * tanhf(x);
-                x += H->slope * m[i];
-                sh[i] = x;
-                tile_max = x > tile_max ? x : tile_max;
-            }
-            live[h] = tile_max != -INFINITY; /* 0: every key of the tile excluded for this head */
-            if (!live[h]) continue;
-            float ms = 1.0f;
-            if (tile_max > H->M) {
-                ms = expf(H->M - tile_max);
-                H->M = tile_max;
-                for (int64_t d = 0; d < DV; ++d) H->VKQ[d] *= ms;
-            }
-#ifdef GGML_VEC_MAD_UNROLL
-            const float sum = (float) ggml_vec_soft_max_f32(n, sh, sh, H->M);
-#else
-            float sum = 0.0f;
-            for (int i = 0; i < n; ++i) {
-                sh[i] = expf(sh[i] - H->M);
-                sum += sh[i];
-            }
-#endif
-            H->S = H->S * ms + sum;
-        }
-        tq_ggml_fa_tile_mads_heads(accs, live, vf, s, n, DV, g);
+        tq_ggml_fa_heads_tile(hp, g, kf, vf, start, n, mp, mv, DK, DV, scale, softcap, tc);
     }
 }
 
+#include "tq-fa-window.h"
 
 #ifdef __cplusplus
 /* The patch's hook at the top of ggml-cpu/ops.cpp's
@@ -602,6 +721,68 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
     const int decoded = fa.dot && DK <= TQ_FA_GQA_DMAX && DV <= TQ_FA_GQA_DMAX && k_dec && v_dec &&
                         k_vec_dot_type == GGML_TYPE_F32 && q->type == GGML_TYPE_F32;
     const int shared = decoded && tq_ggml_fa_tile() >= 2 && g > 1 && g <= TQ_FA_GQA_MAX && rv2 == rk2 && rv3 == rk3;
+    /* a prefill's chunk: every row over keys decoded once per window (tq-fa-window.h); a
+       decode's rows (one query token: its heads) share no more than a group's tiles */
+    if (decoded && tq_ggml_fa_tile() >= 2 && rv2 == rk2 && rv3 == rk3 && neq1 > 1 && ir1 - ir0 >= TQ_FA_WIN_MIN_ROWS) {
+        const int nr = ir1 - ir0;
+        const int64_t W = tq_fa_win_keys(DK, DV);
+        const size_t floats = (size_t) nr * DV + (size_t) W * (DK + DV);
+        char *mem = (char *) malloc(floats * sizeof(float) + (size_t) nr * sizeof(tq_fa_win_row_t) + (size_t) W);
+        GGML_ASSERT(mem && "flash attention: no memory for the decoded window");
+        tq_fa_win_row_t *rows = (tq_fa_win_row_t *) mem;
+        float *acc = (float *) (rows + nr), *kf = acc + (size_t) nr * DV, *vf = kf + (size_t) W * DK;
+        unsigned char *have = (unsigned char *) (vf + (size_t) W * DV);
+        for (int set0 = ir0; set0 < ir1;) {
+            /* rows [set0, set1): consecutive rows of one K/V head */
+            int set1 = set0;
+            int ik2 = 0, ik3 = 0;
+            for (; set1 < ir1; ++set1) {
+                const int iq3 = set1 / (neq2 * neq1);
+                const int iq2 = (set1 - iq3 * neq2 * neq1) / neq1;
+                const int iq1 = set1 - iq3 * neq2 * neq1 - iq2 * neq1;
+                if (set1 > set0 && (iq2 / rk2 != ik2 || iq3 / rk3 != ik3)) break;
+                ik2 = iq2 / rk2;
+                ik3 = iq3 / rk3;
+                const uint32_t h = iq2;
+                tq_fa_win_row_t *r = &rows[set1 - ir0];
+                const ggml_fp16_t *mp =
+                    mask ? (const ggml_fp16_t *) ((char *) mask->data + iq1 * mask->nb[1] + (iq2 % mask->ne[2]) * mask->nb[2] +
+                                                  (iq3 % mask->ne[3]) * mask->nb[3])
+                         : NULL;
+                r->h.q = (const float *) ((char *) q->data + (iq1 * q->nb[1] + iq2 * q->nb[2] + iq3 * q->nb[3]));
+                r->h.ta = term.A ? term.A + ((iq3 * neq1 + iq1) * neq2 + iq2) * DK : NULL;
+                r->h.mp = mp;
+                r->h.slope = (max_bias > 0.0f) ? h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2 * (h - n_head_log2) + 1) : 1.0f;
+                r->h.M = -INFINITY;
+                r->h.S = 0.0f;
+                r->h.VKQ = acc + (size_t) (set1 - ir0) * DV;
+                memset(r->h.VKQ, 0, DV * sizeof(float));
+                /* as below: the tiles follow the mask row of the group's first head */
+                r->runs = mask ? (const ggml_fp16_t *) ((const char *) mp + (((iq2 - iq2 % g) % mask->ne[2]) -
+                                                                             (iq2 % mask->ne[2])) * (int64_t) mask->nb[2])
+                               : NULL;
+            }
+            const char *k_head = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
+            const char *v_head = (const char *) v->data + ik2 * v->nb[2] + ik3 * v->nb[3];
+            const float *tt = term.T ? term.T + (int64_t) ik3 * k->ne[1] * DK : NULL;
+            const tq_fa_term_cells_t tc = { tt, term.P ? term.P + (int64_t) ik3 * k->ne[1] : NULL, term.U,
+                                            term.sink.n_slots ? &term.sink : NULL,
+                                            term.S ? term.S + (int64_t) ik3 * k->ne[1] : NULL, ik2, head_bytes };
+            tq_ggml_fa_window_rows(k_dec, v_dec, k_head, k->nb[1], v_head, v->nb[1], rows + (set0 - ir0), set1 - set0, DK,
+                                   DV, scale, logit_softcap, ic_start, ic_end, tt ? &tc : NULL, kf, vf, have, W);
+            for (int ir = set0; ir < set1; ++ir) {
+                const int jq3 = ir / (neq2 * neq1);
+                const int jq2 = (ir - jq3 * neq2 * neq1) / neq1;
+                const int jq1 = ir - jq3 * neq2 * neq1 - jq2 * neq1;
+                const tq_fa_win_row_t *r = &rows[ir - ir0];
+                tq_ggml_fa_store(dst, sinks, ir, jq1, jq2, jq3, DV, ic_start, r->h.M, r->h.S, r->h.VKQ, partials,
+                                 partial_stride);
+            }
+            set0 = set1;
+        }
+        free(mem);
+        return 1;
+    }
 
     for (int ir = ir0; ir < ir1; ++ir) {
         const int iq3 = ir / (neq2 * neq1);

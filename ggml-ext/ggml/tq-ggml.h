@@ -99,15 +99,22 @@ static inline tq_ggml_mad_t tq_ggml_mad_fn(int ggml_type) {
 
 /* CPU prefill. Flash attention's tiled (GEMM-like) CPU kernel takes only f32/f16 K and V;
    any other type is dotted one query row at a time, which makes a 512-token prompt over a
-   long cache several times slower than f16. So for a batch of at least
-   TQ_PREFILL_DECODE_MIN_TOKENS queries over a host-resident turbo cache, llama's graph
-   decodes K and V to f32 once per layer (a transient compute buffer of n_kv x heads x
-   head_dim x 8 bytes) and runs the tiled kernel. One-token decode never pays it.
-   TQ_PREFILL_DECODE=0 in the environment turns it off (tq-switches.def); it is read once
-   (the first graph built), not per layer or per graph. A cache behind RPC takes it too: the
-   server runs the same two standard ops (CPY to f32, flash attention), so a model gives the
-   same logits there as on this machine's CPU. Other devices keep their own kernels. */
+   long cache several times slower than f16. Over turbo K and turbo V (heads up to
+   TQ_PREFILL_TILES_DMAX) a prefill takes the turbo tiles of a decode instead (ggml-cpu's
+   tq-ggml-fa.h and tq-fa-window.h: the keys decoded once per window for every query row,
+   as fast as the tiled kernel), so that a query row gets the same bits whatever ubatch it
+   comes in: a prompt cut into other ubatches otherwise gave other logits, which a quantized
+   cache amplifies (docs/RELIABILITY.md, "Statistics and batching"). For any other pair
+   with a turbo side, and for every pair with TQ_PREFILL_DECODE=1 (tq-switches.def), a
+   batch of at least TQ_PREFILL_DECODE_MIN_TOKENS queries over a host-resident turbo cache
+   has llama's graph decode K and V to f32 once per layer (a transient compute buffer of
+   n_kv x heads x head_dim x 8 bytes) and run the tiled kernel. One-token decode never pays
+   it. The switch is read once (the first graph built), not per layer or per graph. A cache
+   behind RPC takes the same choice: the server runs the same ops (CPY to f32 and flash
+   attention, or flash attention over the turbo blocks), so a model gives the same logits
+   there as on this machine's CPU. Other devices keep their own kernels. */
 #define TQ_PREFILL_DECODE_MIN_TOKENS 64
+#define TQ_PREFILL_TILES_DMAX 256 /* TQ_FA_GQA_DMAX of tq-ggml-fa.h: the turbo tiles' largest head */
 static inline int tq_ggml_prefill_decode_enabled(void) {
     static int on = -1; /* benign race: every thread reads the same environment */
     if (on < 0) {
@@ -118,10 +125,14 @@ static inline int tq_ggml_prefill_decode_enabled(void) {
 static inline int tq_ggml_decode_for_prefill(const struct ggml_tensor *k, const struct ggml_tensor *v,
                                              int64_t n_tokens) {
     const struct ggml_tensor *root = k->view_src ? k->view_src : k;
-    if (n_tokens < TQ_PREFILL_DECODE_MIN_TOKENS || !tq_ggml_prefill_decode_enabled()) return 0;
+    if (n_tokens < TQ_PREFILL_DECODE_MIN_TOKENS) return 0;
     if (!TQ_GGML_IS_TURBO(k->type) && !TQ_GGML_IS_TURBO(v->type)) return 0;
     if (!TQ_GGML_IS_TURBO(k->type) && k->type != GGML_TYPE_F16 && k->type != GGML_TYPE_F32) return 0;
     if (!TQ_GGML_IS_TURBO(v->type) && v->type != GGML_TYPE_F16 && v->type != GGML_TYPE_F32) return 0;
+    if (!tq_ggml_prefill_decode_enabled() && TQ_GGML_IS_TURBO(k->type) && TQ_GGML_IS_TURBO(v->type) &&
+        k->ne[0] <= TQ_PREFILL_TILES_DMAX && v->ne[0] <= TQ_PREFILL_TILES_DMAX) {
+        return 0; /* the turbo tiles */
+    }
     if (root->buffer == NULL) return 0;
     return ggml_backend_buffer_is_host(root->buffer) ||
            strncmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(root->buffer)), "RPC", 3) == 0;

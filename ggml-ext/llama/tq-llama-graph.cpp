@@ -348,10 +348,13 @@ void tq_llama_fa_k_terms(llm_graph_result * res, ggml_tensor * fa, int il) {
 // A K built in this graph (the K mean in RoPE's frame adds R_p mu' to the decoded keys,
 // tq_rf_keys) is not in the cache's buffer, so V's residency decides; llama has cast that K
 // from f32 to f16, and the f32 it was cast from is taken instead (the tiled kernel wants K and
-// V of one type).
+// V of one type). Such a K is never turbo, so the turbo tiles cannot take the pair whatever
+// TQ_PREFILL_DECODE says: V is decoded, with V first in the call so that its buffer decides
+// (the K mean's terms lowered on the CPU, TQ_K_TERMS=lowered, would otherwise run the per-key
+// loop over f16 K and turbo V).
 void tq_llama_prefill_decode(ggml_context * ctx, ggml_tensor ** k, ggml_tensor ** v, int64_t n_tokens) {
     const bool k_built = (*k)->buffer == nullptr && (*k)->view_src == nullptr && !TQ_GGML_IS_TURBO((*k)->type);
-    if (k_built && TQ_GGML_IS_TURBO((*v)->type) && tq_ggml_decode_for_prefill(*v, *v, n_tokens)) {
+    if (k_built && TQ_GGML_IS_TURBO((*v)->type) && tq_ggml_decode_for_prefill(*v, *k, n_tokens)) {
         if ((*k)->op == GGML_OP_CPY && (*k)->src[0]->type == GGML_TYPE_F32) {
             *k = (*k)->src[0];
         }

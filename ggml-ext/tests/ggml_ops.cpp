@@ -216,7 +216,11 @@ extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64
     for (int64_t h = 0; h < mask_heads; ++h) {
         for (int64_t i = 0; i < n_q; ++i) {
             for (int64_t j = 0; j < n_kv; ++j) {
-                const bool hole = j % 7 == 3 || (j >= 40 && j < 90) || j >= n_kv - 37 + i || (h == 1 && j % 11 == 5);
+                // a prefill (n_q > 8): the isolated holes only among the first keys, so that whole
+                // tiles and several key windows follow, and a causal end that differs per query
+                const bool pre = n_q > 8;
+                const bool hole = (j % 7 == 3 && (!pre || j < 100)) || (j >= 40 && j < 90) ||
+                                  (pre ? j > n_kv - n_q + i : j >= n_kv - 37 + i) || (h == 1 && j % 11 == 5 && (!pre || j < 200));
                 const float val = mask_heads == 1 ? (j % 3 ? 0.0f : small(rng)) : small(rng);
                 m[(h * n_q + i) * n_kv + j] = ggml_fp32_to_fp16(hole ? -INFINITY : val);
             }
@@ -258,6 +262,35 @@ extern "C" int tq_test_flash_attn_tiles(int k_type, int v_type, int64_t D, int64
             return err.fail("FA tiles %s/%s D=%lld n_q=%lld: output %zu depends on grouping (shared %.9g, chunked %.9g, "
                             "per head %.9g)", kn, vn, (long long) D, (long long) n_q, i, shared[i], chunked[i], tiled[i]);
         }
+    }
+    // each query alone (an op of one query, as a decode has: its heads share tiles) gives the
+    // bits it gets among all n_q (a chunk of 16 or more rows takes the decoded windows of
+    // tq-fa-window.h, one key window for every row, with other tiles per row near the holes
+    // and the causal end); two threads cut the keys apart where one query meets 512 or more
+    // keys (split-KV), so the lone ops run on one thread
+    if (n_q > 1) {
+        tq_ggml_set_fa_tile(2);
+        for (int64_t t = 0; t < n_q; t += n_q > 8 ? 13 : 1) {
+            ggml_tensor * q1 = ggml_view_3d(c.ctx, q, D, 1, n_head, q->nb[1], q->nb[2], (size_t) t * q->nb[1]);
+            ggml_tensor * m1 = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F16, n_kv, 1, mask_heads); // its rows (a view is not contiguous)
+            for (int64_t h = 0; h < mask_heads; ++h) memcpy((ggml_fp16_t *) m1->data + h * n_kv, m + (h * n_q + t) * n_kv, n_kv * sizeof(ggml_fp16_t));
+            ggml_tensor * o = ggml_flash_attn_ext(c.ctx, q1, k, v, m1, scale, max_bias, softcap);
+            ggml_flash_attn_ext_set_prec(o, GGML_PREC_F32);
+            if (sinks) ggml_flash_attn_ext_add_sinks(o, sinks);
+            compute(c.ctx, o, 1);
+            const auto one = decode(o); // [D, n_head]
+            for (int64_t h = 0; h < n_head; ++h)
+                for (int64_t d = 0; d < D; ++d) {
+                    const float all = shared[(t * n_head + h) * D + d]; // the output is [D, n_head, n_q]
+                    if (one[h * D + d] != all) {
+                        tq_ggml_set_fa_tile(was_tile);
+                        return err.fail("FA tiles %s/%s D=%lld n_q=%lld: query %lld head %lld alone %.9g, among all %.9g: "
+                                        "not batch-invariant", kn, vn, (long long) D, (long long) n_q, (long long) t,
+                                        (long long) h, one[h * D + d], all);
+                    }
+                }
+        }
+        tq_ggml_set_fa_tile(was_tile);
     }
     const struct { const char * name; const std::vector<float> & out; } paths[] = { { "shared", shared }, { "tiled", tiled } };
     for (const auto & p : paths) {
