@@ -670,6 +670,24 @@ static inline void tq_ggml_fa_check_k_terms(const struct ggml_tensor *dst) {
     }
 }
 
+/* The windows' scratch, kept per thread across calls: a malloc per chunk went to mmap at
+   this size, and with two threads each munmap stopped the other for a TLB shootdown. */
+static inline void *tq_fa_win_scratch(size_t bytes) {
+    struct scratch {
+        void *p = nullptr;
+        size_t n = 0;
+        ~scratch() { free(p); }
+    };
+    static thread_local scratch s;
+    if (s.n < bytes) {
+        free(s.p);
+        s.p = malloc(bytes);
+        s.n = s.p ? bytes : 0;
+    }
+    GGML_ASSERT(s.p && "flash attention: no memory for the decoded window");
+    return s.p;
+}
+
 static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params, struct ggml_tensor *dst, int ir0,
                                        int ir1, int64_t ic_start, int64_t ic_end, float *partials,
                                        int64_t partial_stride) {
@@ -727,8 +745,7 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         const int nr = ir1 - ir0;
         const int64_t W = tq_fa_win_keys(DK, DV);
         const size_t floats = (size_t) nr * DV + (size_t) W * (DK + DV);
-        char *mem = (char *) malloc(floats * sizeof(float) + (size_t) nr * sizeof(tq_fa_win_row_t) + (size_t) W);
-        GGML_ASSERT(mem && "flash attention: no memory for the decoded window");
+        char *mem = (char *) tq_fa_win_scratch(floats * sizeof(float) + (size_t) nr * sizeof(tq_fa_win_row_t) + (size_t) W);
         tq_fa_win_row_t *rows = (tq_fa_win_row_t *) mem;
         float *acc = (float *) (rows + nr), *kf = acc + (size_t) nr * DV, *vf = kf + (size_t) W * DK;
         unsigned char *have = (unsigned char *) (vf + (size_t) W * DV);
@@ -780,7 +797,6 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
             }
             set0 = set1;
         }
-        free(mem);
         return 1;
     }
 
