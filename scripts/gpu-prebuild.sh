@@ -9,7 +9,9 @@
 # f16/q8_0 only, our pairs at head sizes 64 and 128), with the toolkit from NVIDIA's PyPI
 # wheels (scripts/cuda-toolkit.sh --cublas) and the CPU code for x86-64 with AVX2/FMA/F16C
 # (every H100/H200 host has them; -march=native here would tie it to this machine). The tools
-# find their own libraries through an $ORIGIN rpath; the archive carries libcudart from the
+# find their own libraries through an $ORIGIN rpath (linked here with -rpath-link to the
+# wheels' libraries, and the driver's symbols left to libcuda.so.1 there, which no file here
+# is named); the archive carries libcudart from the
 # wheels (minor-version compatible with the machine's driver 580, the kernels are sm_90 SASS),
 # while cuBLAS (444 MB here) and the driver come from the machine's CUDA install.
 # The archive records the md5 of .gpu/llama-src.tar.xz + .gpu/libturboquant_capi.a.xz it was
@@ -43,6 +45,7 @@ cmake -S "$src" -B "$work/build" -G "$gen" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN' \
+  -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$root/lib -Wl,--allow-shlib-undefined" \
   -DTQ_EXT_DIR="$repo/ggml-ext" -DTQ_RUST_LIB="$src/libturboquant_capi.a" > "$work/configure.log" 2>&1 ||
   { tail -30 "$work/configure.log" >&2; exit 1; }
 cmake --build "$work/build" -j "${NUM_JOBS:-$(nproc)}" --target test-backend-ops llama-bench llama-perplexity
