@@ -277,7 +277,10 @@ fn patch_hooks_every_cuda_table() {
         ),
         ("ggml/src/ggml-cuda/fattn.cu", "TQ_FATTN_VEC_CASES"),
         ("ggml/src/ggml-cuda/fattn.cu", "TQ_GGML_CASES"),
-        ("ggml/src/ggml-cuda/fattn.cu", "tq_cuda_fa_route(Q, K, V, mask)"),
+        (
+            "ggml/src/ggml-cuda/fattn.cu",
+            "tq_cuda_fa_route(Q, K, V, mask)",
+        ),
         ("ggml/src/ggml-cuda/convert.cu", "TQ_CUDA_CONVERT_CASES"),
         ("ggml/src/ggml-cuda/getrows.cu", "TQ_CUDA_GET_ROWS_CASES"),
         (
@@ -624,7 +627,11 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         for t in ["llama-perplexity", "llama-bench", "test-backend-ops"] {
             std::fs::copy(d.join("bin").join(t), stage.join(t)).unwrap();
         }
-        tool(&stage, "tq-parity", r#"echo "parity: identical (prebuilt stand-in)""#);
+        tool(
+            &stage,
+            "tq-parity",
+            r#"echo "parity: identical (prebuilt stand-in)""#,
+        );
         let md5 = |s: &str| {
             let o = Command::new("sh")
                 .arg("-c")
@@ -657,13 +664,22 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         pack_archive(&md5("sourcescodec"));
         let (code, s) = run("scripts/gpu-check.sh", &d, &envs(&build));
         assert_eq!(code, 0, "{s}");
-        assert!(s.contains("PASS build: prebuilt for sm_90 elsewhere"), "{s}");
-        assert!(s.contains("PASS tq-parity: parity: identical (prebuilt stand-in)"), "{s}");
+        assert!(
+            s.contains("PASS build: prebuilt for sm_90 elsewhere"),
+            "{s}"
+        );
+        assert!(
+            s.contains("PASS tq-parity: parity: identical (prebuilt stand-in)"),
+            "{s}"
+        );
         // built from other sources: not taken
         pack_archive(&md5("other sources"));
         let (code, s) = run("scripts/gpu-check.sh", &d, &envs(&d.join("build2")));
         assert_eq!(code, 1, "{s}");
-        assert!(s.contains("is from other sources than .gpu/llama-src.tar.xz; building here"), "{s}");
+        assert!(
+            s.contains("is from other sources than .gpu/llama-src.tar.xz; building here"),
+            "{s}"
+        );
         assert!(!s.contains("PASS build"), "{s}");
         let _ = std::fs::remove_dir_all(&d);
     }
@@ -673,7 +689,10 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         let d = scratch("bench");
         stand_ins(&d);
         let model = ("TQ_GPU_MODEL", d.join("model.gguf").display().to_string());
-        let no_q = ("TQ_GPU_QUALITY_MODEL", d.join("none.gguf").display().to_string());
+        let no_q = (
+            "TQ_GPU_QUALITY_MODEL",
+            d.join("none.gguf").display().to_string(),
+        );
         let (code, s) = run("scripts/gpu-bench.sh", &d, &[model.clone(), no_q.clone()]);
         assert_eq!(code, 0, "{s}");
         assert!(s.contains("SKIP quality: no "), "{s}");
@@ -695,14 +714,20 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
             &[model.clone(), q.clone(), ("CUDA_KLD", "0.015300".into())],
         );
         assert_eq!(code, 1, "{s}");
-        assert!(s.contains("FAIL quality turbo4/turbo4, ctx 4096: KLD CUDA0 0.015300"), "{s}");
+        assert!(
+            s.contains("FAIL quality turbo4/turbo4, ctx 4096: KLD CUDA0 0.015300"),
+            "{s}"
+        );
         let (code, s) = run(
             "scripts/gpu-bench.sh",
             &d,
             &[model.clone(), q, ("NOT_LOWERED", "1".into())],
         );
         assert_eq!(code, 1, "{s}");
-        assert!(s.contains("the log does not show the turbo K terms lowered on CUDA0"), "{s}");
+        assert!(
+            s.contains("the log does not show the turbo K terms lowered on CUDA0"),
+            "{s}"
+        );
         assert!(
             s.contains("PASS race turbo4") && s.contains("PASS race turbo3"),
             "{s}"
