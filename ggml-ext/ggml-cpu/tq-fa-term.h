@@ -65,6 +65,15 @@ typedef struct {
     size_t head_bytes;
 } tq_fa_term_cells_t;
 
+/* K stream ik3's view (n_kv cells per stream) for KV head ik2: what the decode's rows and a
+   prefill's windows both hand their tiles. */
+static inline tq_fa_term_cells_t tq_fa_term_cells_of(const tq_fa_term_t *t, int64_t ik2, int64_t ik3, int64_t n_kv,
+                                                     int64_t DK, size_t head_bytes) {
+    tq_fa_term_cells_t tc = { t->T ? t->T + ik3 * n_kv * DK : NULL, t->P ? t->P + ik3 * n_kv : NULL, t->U,
+                              t->sink.n_slots ? &t->sink : NULL, t->S ? t->S + ik3 * n_kv : NULL, ik2, head_bytes };
+    return tc;
+}
+
 /* The exact row of cell c (stored key kb) where the sink rule gives one (tq-sink.h), or NULL. */
 static inline const float *tq_fa_term_sink(const tq_fa_term_cells_t *tc, int64_t c, const void *kb, int64_t DK) {
     if (!tc || !tc->sink || !tc->S || tc->S[c] < 0) return NULL;

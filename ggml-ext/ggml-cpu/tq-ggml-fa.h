@@ -781,10 +781,8 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
             }
             const char *k_head = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
             const char *v_head = (const char *) v->data + ik2 * v->nb[2] + ik3 * v->nb[3];
-            const float *tt = term.T ? term.T + (int64_t) ik3 * k->ne[1] * DK : NULL;
-            const tq_fa_term_cells_t tc = { tt, term.P ? term.P + (int64_t) ik3 * k->ne[1] : NULL, term.U,
-                                            term.sink.n_slots ? &term.sink : NULL,
-                                            term.S ? term.S + (int64_t) ik3 * k->ne[1] : NULL, ik2, head_bytes };
+            const tq_fa_term_cells_t tc = tq_fa_term_cells_of(&term, ik2, ik3, k->ne[1], DK, head_bytes);
+            const float *tt = tc.T;
             tq_ggml_fa_window_rows(k_dec, v_dec, k_head, k->nb[1], v_head, v->nb[1], rows + (set0 - ir0), set1 - set0, DK,
                                    DV, scale, logit_softcap, ic_start, ic_end, tt ? &tc : NULL, kf, vf, have, W);
             for (int ir = set0; ir < set1; ++ir) {
@@ -813,10 +811,8 @@ static inline int tq_ggml_fa_one_chunk(const struct ggml_compute_params *params,
         const char *k_head = (const char *) k->data + ik2 * k->nb[2] + ik3 * k->nb[3];
         const char *v_head = (const char *) v->data + iv2 * v->nb[2] + iv3 * v->nb[3];
         /* the per-key term's rows for this K stream's cells, and this query's coefficients */
-        const float *tt = term.T ? term.T + (int64_t) ik3 * k->ne[1] * DK : NULL;
-        const tq_fa_term_cells_t tc = { tt, term.P ? term.P + (int64_t) ik3 * k->ne[1] : NULL, term.U,
-                                        term.sink.n_slots ? &term.sink : NULL,
-                                        term.S ? term.S + (int64_t) ik3 * k->ne[1] : NULL, ik2, head_bytes };
+        const tq_fa_term_cells_t tc = tq_fa_term_cells_of(&term, ik2, ik3, k->ne[1], DK, head_bytes);
+        const float *tt = tc.T;
 
         if (decoded) {
             const int64_t lead = ir - (int64_t) (iq2 % g) * neq1;
