@@ -39,7 +39,7 @@ gen=Ninja
 command -v ninja >/dev/null || gen="Unix Makefiles"
 t0=$(date +%s)
 cmake -S "$src" -B "$work/build" -G "$gen" -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCUDAToolkit_ROOT="$root" -DCMAKE_CUDA_COMPILER="$root/bin/nvcc" \
+  -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DCUDAToolkit_ROOT="$root" -DCMAKE_CUDA_COMPILER="$root/bin/nvcc" \
   -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_CCACHE=ON \
   -DGGML_CUDA_FA_QUANTS="q8_0-q8_0" -DTQ_CUDA_FA_HEAD_SIZES="64;128" \
   -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
@@ -65,7 +65,10 @@ cp -a "$root"/lib/libcudart.so* "$stage/bin/" 2>/dev/null || cp -a "$root"/lib64
 echo "$stamp" > "$stage/bin/.pack"
 missing=$(LD_LIBRARY_PATH= ldd "$stage/bin/test-backend-ops" | grep 'not found' | grep -v -e libcuda.so -e libcublas || true)
 [ -z "$missing" ] || { echo "gpu-prebuild: unresolved libraries besides the driver's and cuBLAS:" >&2; echo "$missing" >&2; exit 1; }
-tar -C "$stage" -cf - bin | xz -T0 -6 > "$pack/prebuilt-sm90.tar.xz"
+# no symbol tables (the dynamic symbols stay), then the strongest xz: the archive rides in
+# every device call
+strip --strip-unneeded "$stage/bin/"*.so.* "$stage/bin/"lib*-impl.so "$stage/bin/"{test-backend-ops,llama-bench,llama-perplexity,tq-parity}
+tar -C "$stage" -cf - bin | xz -T0 -9e > "$pack/prebuilt-sm90.tar.xz"
 du -sh "$pack/prebuilt-sm90.tar.xz" "$pack"
 size=$(du -sm "$pack" | cut -f1)
 [ "$size" -le 60 ] || { echo "gpu-prebuild: .gpu is $size MiB, over the 60 MiB a device call can carry with room to spare" >&2; exit 1; }

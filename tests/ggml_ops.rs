@@ -13,6 +13,7 @@ extern "C" {
     fn tq_test_kbal(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean_rope(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean_stat_w(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_kmean_streams(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_sink(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_fa_contract(err: *mut c_char, cap: usize, n_devices: *mut c_int) -> c_int;
     #[allow(clippy::too_many_arguments)]
@@ -199,6 +200,15 @@ fn k_mean_in_rope_frame_is_logit_exact_per_key() {
 #[test]
 fn k_statistics_leave_out_the_exact_first_key() {
     check(|e, n| unsafe { tq_test_kmean_stat_w(e, n) });
+}
+
+/// Statistics per stream (tq_kmean_rf_streams in ggml-ext/llama/tq-kmean.h): a block of a
+/// ubatch gets the bits it would get alone (keys, queries, coefficients, its stream's stored
+/// column), a stream that starts in a busy cache inherits the shared column, one too small
+/// to set statistics runs plain, and the kept streams run on their stored columns.
+#[test]
+fn k_statistics_per_stream_are_each_streams_own() {
+    check(|e, n| unsafe { tq_test_kmean_streams(e, n) });
 }
 
 /// The exact first keys (ggml-ext/llama/tq-sink.h): slots written as llama writes them;

@@ -174,21 +174,22 @@ static inline void tq_rf_coeffs_row(tq_rf_pairs pr, int64_t hd, const float * x,
 static inline void tq_rf_rotate_mean_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const tq_rf_pairs pr = tq_rf_pairs_of(userdata);
     const ggml_tensor * mu = dst->src[0], * T = dst->src[1];
-    const int64_t hd = dst->ne[0], nh = dst->ne[1], n = dst->ne[2];
+    const int64_t hd = dst->ne[0], nh = dst->ne[1], n = dst->ne[2], per = n / mu->ne[2];
     for (int64_t r = ith; r < nh * n; r += nth) {
         const int64_t h = r % nh, p = r / nh;
-        const float * m = (const float *) ((const char *) mu->data + h * mu->nb[1]);
+        const float * m = (const float *) ((const char *) mu->data + h * mu->nb[1] + (p / per) * mu->nb[2]);
         const float * t = (const float *) ((const char *) T->data + p * T->nb[1]);
         float * o = (float *) ((char *) dst->data + h * dst->nb[1] + p * dst->nb[2]);
         tq_rf_rotate_row(pr, hd, t, m, o);
     }
 }
 
-/* R_p mu for every column p of the table T [hd, n]: mu [hd, nh] (channel frame, rows
-   contiguous) -> [hd, nh, n]. */
+/* R_p mu for every column p of the table T [hd, n]: mu [hd, nh, nb] (channel frame, rows
+   contiguous; nb blocks of T's columns, block b taking mean b: the streams of a ubatch or of a
+   view of the cache) -> [hd, nh, n]. */
 static inline ggml_tensor * tq_rf_rotate_mean(ggml_context * ctx, ggml_tensor * mu, ggml_tensor * T, tq_rf_pairs pr) {
     GGML_ASSERT(mu->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && mu->ne[0] == T->ne[0] && mu->nb[0] == sizeof(float) &&
-                T->nb[0] == sizeof(float) && mu->ne[2] == 1 && T->ne[2] == 1);
+                T->nb[0] == sizeof(float) && T->ne[1] % mu->ne[2] == 0 && mu->ne[3] == 1 && T->ne[2] == 1);
     ggml_tensor * args[2] = { mu, T };
     return ggml_custom_4d(ctx, GGML_TYPE_F32, mu->ne[0], mu->ne[1], T->ne[1], 1, args, 2, tq_rf_rotate_mean_op,
                           GGML_N_TASKS_MAX, (void *) tq_rf_pairs_bits(pr, mu->ne[0]));
@@ -197,47 +198,56 @@ static inline ggml_tensor * tq_rf_rotate_mean(ggml_context * ctx, ggml_tensor * 
 /* The same products from ops every backend has, for a device that would run a host op only
    through a round trip to the CPU (tq_kmean_rope_masked: the graph is split there, twice a
    layer): about fifteen nodes each, none of them on the host. The values are the host ops'
-   up to rounding. R_p mu: mu [hd, nh] (contiguous), T [hd, n] -> [hd, nh, n]. */
+   up to rounding. R_p mu: mu [hd, nh, nb] (contiguous; blocks as tq_rf_rotate_mean's),
+   T [hd, n] -> [hd, nh, n]. */
 static inline ggml_tensor * tq_rf_rotate_mean_ops(ggml_context * ctx, ggml_tensor * mu, ggml_tensor * T, tq_rf_pairs pr) {
-    const int64_t hd = mu->ne[0], nh = mu->ne[1], n = T->ne[1], half = hd / 2;
-    GGML_ASSERT(mu->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && T->ne[0] == hd && ggml_is_contiguous(mu));
-    ggml_tensor * m3 = ggml_reshape_3d(ctx, mu, hd, nh, 1);
-    ggml_tensor * ma = ggml_repeat_4d(ctx, tq_rf_half(ctx, m3, pr, 0), half, nh, n, 1);
-    ggml_tensor * mb = ggml_repeat_4d(ctx, tq_rf_half(ctx, m3, pr, 1), half, nh, n, 1);
-    ggml_tensor * c = ggml_cont(ctx, tq_rf_trig(ctx, T, 0)), * sn = ggml_cont(ctx, tq_rf_trig(ctx, T, 1)); // [half, 1, n]
+    const int64_t hd = mu->ne[0], nh = mu->ne[1], nb = mu->ne[2], n = T->ne[1], half = hd / 2, per = n / nb;
+    GGML_ASSERT(mu->type == GGML_TYPE_F32 && T->type == GGML_TYPE_F32 && T->ne[0] == hd && ggml_is_contiguous(mu) &&
+                n % nb == 0 && mu->ne[3] == 1);
+    ggml_tensor * m3 = ggml_reshape_3d(ctx, mu, hd, nh, nb);
+    ggml_tensor * ma = ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, tq_rf_half(ctx, m3, pr, 0), half, nh, 1, nb), half, nh, per, nb);
+    ggml_tensor * mb = ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, tq_rf_half(ctx, m3, pr, 1), half, nh, 1, nb), half, nh, per, nb);
+    ggml_tensor * c = ggml_reshape_4d(ctx, ggml_cont(ctx, tq_rf_trig(ctx, T, 0)), half, 1, per, nb); // [half, 1, per, nb]
+    ggml_tensor * sn = ggml_reshape_4d(ctx, ggml_cont(ctx, tq_rf_trig(ctx, T, 1)), half, 1, per, nb);
     ggml_tensor * a = ggml_sub(ctx, ggml_mul(ctx, ma, c), ggml_mul(ctx, mb, sn));
     ggml_tensor * b = ggml_add(ctx, ggml_mul(ctx, ma, sn), ggml_mul(ctx, mb, c));
-    return tq_rf_join(ctx, a, b, pr);
+    return tq_rf_join(ctx, ggml_reshape_3d(ctx, a, half, nh, n), ggml_reshape_3d(ctx, b, half, nh, n), pr);
 }
 
-/* The coefficients A = [alpha; beta] of q [hd, nq, nt] against mu [hd, nkv] from ops every
-   backend has (tq_rf_coeffs_op's arithmetic): [hd, nq, nt]. */
+/* The coefficients A = [alpha; beta] of q [hd, nq, nt] against mu [hd, nkv, nb] (nb blocks of
+   the tokens, block b against mean b) from ops every backend has (tq_rf_coeffs_op's
+   arithmetic): [hd, nq, nt]. */
 static inline ggml_tensor * tq_rf_coeffs_ops(ggml_context * ctx, ggml_tensor * q, ggml_tensor * mu, tq_rf_pairs pr) {
     const int64_t hd = q->ne[0], half = hd / 2, nq = q->ne[1], nt = q->ne[2], nkv = mu->ne[1], g = nq / nkv;
+    const int64_t nb = mu->ne[2], per = nt / nb;
     GGML_ASSERT(q->type == GGML_TYPE_F32 && mu->type == GGML_TYPE_F32 && mu->ne[0] == hd && nq % nkv == 0 &&
-                ggml_is_contiguous(mu));
-    ggml_tensor * m3 = ggml_reshape_3d(ctx, mu, hd, nkv, 1);
-    ggml_tensor * qa = ggml_reshape_4d(ctx, tq_rf_half(ctx, q, pr, 0), half, g, nkv, nt);
-    ggml_tensor * qb = ggml_reshape_4d(ctx, tq_rf_half(ctx, q, pr, 1), half, g, nkv, nt);
-    ggml_tensor * ma = ggml_reshape_4d(ctx, tq_rf_half(ctx, m3, pr, 0), half, 1, nkv, 1);
-    ggml_tensor * mb = ggml_reshape_4d(ctx, tq_rf_half(ctx, m3, pr, 1), half, 1, nkv, 1);
+                ggml_is_contiguous(mu) && nt % nb == 0 && mu->ne[3] == 1);
+    // the mean per query head (the g heads of a KV head share it), per block
+    ggml_tensor * mq = ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, mu, hd, 1, nkv, nb), hd, g, nkv, nb);
+    mq = ggml_reshape_3d(ctx, mq, hd, nq, nb);
+    ggml_tensor * qa = ggml_reshape_4d(ctx, tq_rf_half(ctx, q, pr, 0), half, nq, per, nb);
+    ggml_tensor * qb = ggml_reshape_4d(ctx, tq_rf_half(ctx, q, pr, 1), half, nq, per, nb);
+    ggml_tensor * ma = ggml_reshape_4d(ctx, tq_rf_half(ctx, mq, pr, 0), half, nq, 1, nb);
+    ggml_tensor * mb = ggml_reshape_4d(ctx, tq_rf_half(ctx, mq, pr, 1), half, nq, 1, nb);
     ggml_tensor * alpha = ggml_add(ctx, ggml_mul(ctx, qa, ma), ggml_mul(ctx, qb, mb));
     ggml_tensor * beta = ggml_sub(ctx, ggml_mul(ctx, qb, ma), ggml_mul(ctx, qa, mb));
     return ggml_reshape_3d(ctx, ggml_concat(ctx, alpha, beta, 0), hd, nq, nt);
 }
 
-/* The pre-RoPE mean of the keys k [hd, nh, nt] at the positions of T [hd, nt]: the mean of
-   R_p^-1 k_p, as [hd, nh]. per_tok: [1, nt, 1] weights 1/nt (tq_kbal_const). */
+/* The pre-RoPE mean of the keys k [hd, nh, nt] at the positions of T [hd, nt]: the weighted
+   mean of R_p^-1 k_p over each of nb blocks of the tokens, as [hd, nh, nb]. per_tok: the
+   weights [1, nt / nb, nb] (1 / (nt / nb) each: tq_kbal_const, or tq_kmean_stat_weights'). */
 static inline ggml_tensor * tq_rf_unrope_mean(ggml_context * ctx, ggml_tensor * k, ggml_tensor * T, ggml_tensor * per_tok,
                                               tq_rf_pairs pr) {
-    const int64_t hd = k->ne[0], nh = k->ne[1], nt = k->ne[2], half = hd / 2;
+    const int64_t hd = k->ne[0], nh = k->ne[1], nt = k->ne[2], half = hd / 2, nb = per_tok->ne[2], per = per_tok->ne[1];
+    GGML_ASSERT(per * nb == nt);
     ggml_tensor * ka = tq_rf_half(ctx, k, pr, 0), * kb = tq_rf_half(ctx, k, pr, 1);
     ggml_tensor * c = tq_rf_trig(ctx, T, 0), * s = tq_rf_trig(ctx, T, 1);
     ggml_tensor * ua = ggml_add(ctx, ggml_mul(ctx, ka, c), ggml_mul(ctx, kb, s));
     ggml_tensor * ub = ggml_sub(ctx, ggml_mul(ctx, kb, c), ggml_mul(ctx, ka, s));
-    ggml_tensor * ma = ggml_reshape_3d(ctx, ggml_out_prod(ctx, ggml_reshape_3d(ctx, ua, half * nh, nt, 1), per_tok), half, nh, 1);
-    ggml_tensor * mb = ggml_reshape_3d(ctx, ggml_out_prod(ctx, ggml_reshape_3d(ctx, ub, half * nh, nt, 1), per_tok), half, nh, 1);
-    return ggml_reshape_2d(ctx, tq_rf_join(ctx, ma, mb, pr), hd, nh);
+    ggml_tensor * ma = ggml_reshape_3d(ctx, ggml_out_prod(ctx, ggml_reshape_3d(ctx, ua, half * nh, per, nb), per_tok), half, nh, nb);
+    ggml_tensor * mb = ggml_reshape_3d(ctx, ggml_out_prod(ctx, ggml_reshape_3d(ctx, ub, half * nh, per, nb), per_tok), half, nh, nb);
+    return tq_rf_join(ctx, ma, mb, pr);
 }
 
 static inline void tq_rf_coeffs_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
@@ -264,8 +274,9 @@ static inline ggml_tensor * tq_rf_coeffs(ggml_context * ctx, ggml_tensor * q, gg
 }
 
 /* A KEEP ubatch's whole K side in one op: from q [hd, nq, nt] and k [hd, nkv, nt] (roped,
-   channel frame), the stored k_mean [mu' | s - 1] (tq-kmean.h's layout; s - 1 only with
-   balancing) and the ubatch's table T [hd, nt], one f32 buffer holding, each contiguous,
+   channel frame), the means [mu' | s - 1] (tq-kmean.h's layout; s - 1 only with balancing)
+   as columns [F, nb], token t taking column t / (nt / nb) (the ubatch's streams, in blocks),
+   and the ubatch's table T [hd, nt], one f32 buffer holding, each contiguous,
    k' = s k - R_p mu' [hd, nkv, nt], then q' = q / s [hd, nq, nt], then the coefficients
    A of q' against mu' [hd, nq, nt] (tq_rf_coeffs_op's). As separate nodes these were six
    per layer (s, q / s, s k, A, R_p mu', the subtraction), each a thread barrier on a
@@ -276,12 +287,12 @@ static inline void tq_rf_keep_op(ggml_tensor * dst, int ith, int nth, void * use
     const tq_rf_pairs pr = tq_rf_pairs_of(userdata);
     const bool bal = ((uintptr_t) userdata & 2) != 0;
     const ggml_tensor * q = dst->src[0], * k = dst->src[1], * km = dst->src[2], * T = dst->src[3];
-    const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1], g = nq / nkv;
+    const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1], g = nq / nkv, per = nt / km->ne[1];
     float * kd = (float *) dst->data, * qd = kd + hd * nkv * nt, * ad = qd + hd * nq * nt;
-    const float * mu = (const float *) km->data, * sm1 = bal ? mu + hd * nkv : nullptr;
     for (int64_t r = ith; r < nkv * nt; r += nth) {
         const int64_t h = r % nkv, t = r / nkv;
-        const float * m = mu + h * hd, * d = sm1 ? sm1 + h * hd : nullptr;
+        const float * mu = (const float *) ((const char *) km->data + (t / per) * km->nb[1]);
+        const float * m = mu + h * hd, * d = bal ? mu + hd * nkv + h * hd : nullptr;
         const float * tc = (const float *) ((const char *) T->data + t * T->nb[1]);
         const float * kx = (const float *) ((const char *) k->data + h * k->nb[1] + t * k->nb[2]);
         float * ko = kd + (t * nkv + h) * hd;
@@ -306,7 +317,8 @@ static inline ggml_tensor * tq_rf_keep(ggml_context * ctx, ggml_tensor ** q_cur,
     GGML_ASSERT(q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F32 && k_mean->type == GGML_TYPE_F32 &&
                 T->type == GGML_TYPE_F32 && q->ne[0] == hd && q->ne[2] == nt && nq % nkv == 0 && hd % 2 == 0 &&
                 T->ne[0] == hd && T->ne[1] == nt && hd <= TQ_RF_HD_MAX && q->nb[0] == sizeof(float) && k->nb[0] == sizeof(float) &&
-                T->nb[0] == sizeof(float) && ggml_is_contiguous(k_mean) && q->ne[3] == 1 && k->ne[3] == 1);
+                T->nb[0] == sizeof(float) && ggml_is_contiguous(k_mean) && q->ne[3] == 1 && k->ne[3] == 1 &&
+                k_mean->ne[0] == (bal ? 2 : 1) * hd * nkv && nt % k_mean->ne[1] == 0 && k_mean->ne[2] == 1);
     ggml_tensor * args[4] = { q, k, k_mean, T };
     const uintptr_t flags = tq_rf_pairs_bits(pr, hd) | (bal ? 2u : 0u);
     ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, hd * (nkv + 2 * nq) * nt, 1, 1, 1, args, 4, tq_rf_keep_op,

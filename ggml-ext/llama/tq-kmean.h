@@ -96,7 +96,8 @@ static inline void tq_kmean_stat_weights(const int32_t * pos, int64_t n, bool sk
    added to llama's graph budget (llama_context::graph_max_nodes). */
 #define TQ_KMEAN_GRAPH_NODES_PER_LAYER 384u
 
-enum tq_kmean_mode { TQ_KMEAN_ZERO = 0, TQ_KMEAN_SET = 1, TQ_KMEAN_KEEP = 2 };
+enum tq_kmean_mode { TQ_KMEAN_ZERO = 0, TQ_KMEAN_SET = 1, TQ_KMEAN_KEEP = 2,
+                     TQ_KMEAN_INHERIT = 3 /* a block's: the shared column (tq_kmean_rf_streams) */ };
 
 /* Floats of a layer's k_mean tensor: m, and s - 1 with balancing. */
 static inline int64_t tq_kmean_floats(int64_t head_dim, int64_t n_head_kv, bool balance) {
@@ -204,39 +205,52 @@ static inline ggml_tensor * tq_kbal_wsum(ggml_context * ctx, ggml_tensor * x, gg
 }
 
 /* s from this ubatch (SET statistics): k_cur [hd, nkv, nt] keys, q [hd, nq, nt] (both
-   contiguous), M the position map, m_b = M kbar, per_tok the [1, nt, 1] weights of the key
-   mean (1 / nt, or tq_kmean_stat_weights'). With the mean in RoPE's frame (tq-kmean-rope.h)
-   map and m_b are NULL and resid [hd, nkv, nt] is what the keys store, k - R_p mu: per pair its
-   energy does not depend on the position, so this ubatch's is the cache's. key_w (NULL: all
-   keys count) is per_tok's weights applied to the keys' attention: a key of weight 0 is kept
-   exact, so its error costs nothing, while the attention it takes still leaves the others
-   less (no renormalisation). Returns s [hd, nkv]. */
+   contiguous), M the position map, m_b = M kbar, per_tok the weights of the key mean
+   [1, nt / nb, nb] (1 / (nt / nb) each, or tq_kmean_stat_weights'), nb the blocks of the
+   ubatch's tokens whose statistics are taken apart (its streams, tq_kmean_rf_streams; the
+   fitted mean has one). With the mean in RoPE's frame (tq-kmean-rope.h) map and m_b are NULL
+   and resid [hd, nkv, nt] is what the keys store, k - R_p mu: per pair its energy does not
+   depend on the position, so this ubatch's is the cache's. key_w (NULL: all keys count) is
+   per_tok's weights applied to the keys' attention: a key of weight 0 is kept exact, so its
+   error costs nothing, while the attention it takes still leaves the others less (no
+   renormalisation). Returns s [hd, nkv nb], block b's heads at nkv b.
+   A block and a KV head are one axis of "heads" here (nkv nb of them): every product, softmax
+   and sum below runs per head, so a block's s is the same operations on the same values
+   whether its stream came alone or with others. */
 static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cur, ggml_tensor * q,
                                           ggml_tensor * map, ggml_tensor * m_b, ggml_tensor * per_tok,
                                           float kq_scale, tq_rf_pairs pr, ggml_tensor * resid,
                                           ggml_tensor * key_w = nullptr) {
     const int64_t hd = k_cur->ne[0], nkv = k_cur->ne[1], nt = k_cur->ne[2];
-    const int64_t nq = q->ne[1], g = nq / nkv;
+    const int64_t nq = q->ne[1], g = nq / nkv, nb = per_tok->ne[2], per = per_tok->ne[1], H = nkv * nb;
+    GGML_ASSERT(per * nb == nt && (resid || nb == 1));
     // Which keys' errors matter: those the queries attend to. w_j = attention to key j
-    // within this ubatch (causal, the model's kq_scale), averaged over its last queries (they
-    // see every key; TQ_KBAL_QUERIES of them bound the cost to a fraction of the ubatch's own
-    // attention) and the g query heads of each KV head.
-    const int64_t nql = std::min<int64_t>(nt, TQ_KBAL_QUERIES);
-    ggml_tensor * kp = ggml_cont(ctx, ggml_permute(ctx, k_cur, 0, 2, 1, 3));                         // [hd, nt, nkv]
-    ggml_tensor * ql = ggml_view_3d(ctx, q, hd, nq, nql, q->nb[1], q->nb[2], (size_t) (nt - nql) * q->nb[2]);
-    ggml_tensor * qp = ggml_cont(ctx, ggml_permute(ctx, ql, 0, 2, 1, 3));                            // [hd, nql, nq]
-    ggml_tensor * p  = ggml_soft_max(ctx, ggml_diag_mask_inf(ctx, ggml_scale(ctx, ggml_mul_mat(ctx, kp, qp), kq_scale), (int) (nt - nql))); // [nt_k, nql, nq]
-    // the heads of KV head h are h g .. h g + g - 1, so (query, head in group) is one axis
-    ggml_tensor * w  = tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, p, nt, nql * g, nkv),
-                                    tq_kbal_const(ctx, kp, nql * g, nkv, 1.0f / (float) (nql * g))); // [nt, nkv]
+    // within this ubatch's block (causal, the model's kq_scale), averaged over its last
+    // queries (they see every key; TQ_KBAL_QUERIES of them bound the cost to a fraction of the
+    // ubatch's own attention) and the g query heads of each KV head.
+    const int64_t nql = std::min<int64_t>(per, TQ_KBAL_QUERIES);
+    // [hd, per, nkv, nb] -> heads h + nkv b
+    auto by_head = [&](ggml_tensor * x) {
+        return ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, hd, nkv, per, nb), 0, 2, 1, 3)), hd, per, H);
+    };
+    ggml_tensor * kp = by_head(k_cur);                                                                // [hd, per, H]
+    ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, nq, per, nb);
+    ggml_tensor * ql = ggml_view_4d(ctx, q4, hd, nq, nql, nb, q4->nb[1], q4->nb[2], q4->nb[3], (size_t) (per - nql) * q4->nb[2]);
+    ggml_tensor * qp = ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_permute(ctx, ql, 0, 2, 1, 3)), hd, nql, nq * nb); // query head j + nq b
+    // query head j + nq b reads KV head (j + nq b) / g = j / g + nkv b: its own block's
+    ggml_tensor * p  = ggml_soft_max(ctx, ggml_diag_mask_inf(ctx, ggml_scale(ctx, ggml_mul_mat(ctx, kp, qp), kq_scale), (int) (per - nql))); // [per, nql, nq nb]
+    // the g query heads of a KV head are adjacent, so (query, head in group) is one axis
+    ggml_tensor * w  = tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, p, per, nql * g, H),
+                                    tq_kbal_const(ctx, kp, nql * g, H, 1.0f / (float) (nql * g)));      // [per, H]
     if (key_w) {
         // a common factor of w cancels in s's normalisation below, so per_tok's 1 / n serves
-        w = ggml_mul(ctx, w, ggml_reshape_2d(ctx, key_w, nt, 1));
+        GGML_ASSERT(key_w->ne[1] == per && key_w->ne[2] == nb);
+        w = ggml_reshape_2d(ctx, ggml_mul(ctx, ggml_reshape_3d(ctx, w, per, nkv, nb), ggml_reshape_3d(ctx, key_w, per, 1, nb)), per, H);
     }
-    ggml_tensor * wb = ggml_reshape_3d(ctx, w, 1, nt, nkv);
+    ggml_tensor * wb = ggml_reshape_3d(ctx, w, 1, per, H);
     ggml_tensor * rk;
     if (resid) {
-        rk = tq_kbal_wsum(ctx, ggml_sqr(ctx, ggml_cont(ctx, ggml_permute(ctx, resid, 0, 2, 1, 3))), wb);
+        rk = tq_kbal_wsum(ctx, ggml_sqr(ctx, by_head(resid)), wb);
     } else {
         // the key energy left after m at the cache's positions: sum_j w_j k_j^2 - 2 m (M kbar_w) + m^2
         ggml_tensor * e2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, kp), wb);                                 // [hd, nkv]
@@ -245,9 +259,9 @@ static inline ggml_tensor * tq_kbal_scale(ggml_context * ctx, ggml_tensor * k_cu
         rk = ggml_add(ctx, ggml_sub(ctx, e2, ggml_scale(ctx, ggml_mul(ctx, m_b, mw), 2.0f)), ggml_sqr(ctx, m_b));
     }
     rk = ggml_clamp(ctx, tq_kbal_tie_pairs(ctx, rk, pr), 1e-20f, 1e20f);
-    // query energy per channel over tokens and the g query heads of each KV head
-    ggml_tensor * q2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, ggml_reshape_3d(ctx, q, hd * nq, nt, 1)), per_tok); // [hd nq, 1]
-    ggml_tensor * rq = tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, q2, hd, g, nkv), tq_kbal_const(ctx, kp, g, nkv, 1.0f / (float) g));
+    // query energy per channel over each block's tokens and the g query heads of each KV head
+    ggml_tensor * q2 = tq_kbal_wsum(ctx, ggml_sqr(ctx, ggml_reshape_3d(ctx, q, hd * nq, per, nb)), per_tok); // [hd nq, nb]
+    ggml_tensor * rq = tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, q2, hd, g, H), tq_kbal_const(ctx, kp, g, H, 1.0f / (float) g));
     rq = ggml_clamp(ctx, rq, 1e-20f, 1e20f);
     rq = tq_kbal_tie_pairs(ctx, rq, pr);
 
@@ -270,15 +284,118 @@ static inline ggml_tensor * tq_kbal_store(ggml_context * ctx, ggml_cgraph * gf, 
     return ggml_scale_bias(ctx, d, 1.0f, 1.0f);
 }
 
+/* In RoPE's frame (tq-kmean-rope.h), a SET's statistics of each of nb blocks of the ubatch's
+   tokens: from k [hd, nkv, nt] and q [hd, nq, nt] (roped, channel frame, contiguous), the
+   ubatch's table tab [hd, nt] and the tokens' weights w [1, nt / nb, nb] (per block
+   tq_kmean_stat_weights', or NULL: equal), the stored layout [mu' | s - 1] of each block as
+   columns [F, nb] (s - 1 only with balancing). s - 1 is what KEEP will read back, 1 + (s - 1),
+   which outside [1/2, 2] is not always s to the bit; mu' = s mu is made with that value, so
+   a SET ubatch's own tokens, taken through tq_kmean_rf_use with these columns, get the same
+   q / s and s * k as the same tokens in a later KEEP ubatch. host_ops false: no host (custom)
+   op, for a device that would run one only through a round trip (tq_kmean_rope_masked). */
+static inline ggml_tensor * tq_kmean_rf_stats(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * tab,
+                                              ggml_tensor * w, int64_t nb, bool bal, float kq_scale, tq_rf_pairs pr,
+                                              bool host_ops) {
+    const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], n = hd * nkv;
+    GGML_ASSERT(nt % nb == 0 && ggml_is_contiguous(k) && ggml_is_contiguous(q) && (!w || (w->ne[1] * nb == nt && w->ne[2] == nb)));
+    ggml_tensor * per_tok = w ? w : tq_kbal_const(ctx, k, nt / nb, nb, 1.0f / (float) (nt / nb));
+    ggml_tensor * mu = tq_rf_unrope_mean(ctx, k, tab, per_tok, pr);                                  // [hd, nkv, nb]
+    if (!bal) {
+        return ggml_reshape_2d(ctx, ggml_cont(ctx, mu), n, nb);
+    }
+    mu = ggml_cont(ctx, mu);
+    ggml_tensor * resid = ggml_sub(ctx, k, host_ops ? tq_rf_rotate_mean(ctx, mu, tab, pr) : tq_rf_rotate_mean_ops(ctx, mu, tab, pr));
+    ggml_tensor * s = tq_kbal_scale(ctx, k, q, nullptr, nullptr, per_tok, kq_scale, pr, resid, w);  // [hd, nkv nb]
+    ggml_tensor * d = ggml_scale_bias(ctx, s, 1.0f, -1.0f);
+    ggml_tensor * m = ggml_mul(ctx, ggml_reshape_2d(ctx, mu, n, nb), ggml_reshape_2d(ctx, ggml_scale_bias(ctx, d, 1.0f, 1.0f), n, nb));
+    return ggml_concat(ctx, m, ggml_reshape_2d(ctx, d, n, nb), 0);                                     // [2 n, nb]
+}
+
+/* In RoPE's frame, what every ubatch does with the means it runs on, cols [F, nb] (the stored
+   layout, one column per block of the tokens): k [hd, nkv, nt] -> s * k - R_p mu' (returned),
+   *q_cur -> q / s, *coeffs the per-key term's coefficients A of q / s against mu'. On the CPU
+   (host_ops) one fused op (tq_rf_keep); elsewhere ops every backend has, per block by
+   broadcasting. */
+static inline ggml_tensor * tq_kmean_rf_use(ggml_context * ctx, ggml_tensor ** q_cur, ggml_tensor * k, ggml_tensor * cols,
+                                            ggml_tensor * tab, bool bal, tq_rf_pairs pr, bool host_ops, ggml_tensor ** coeffs) {
+    if (host_ops) {
+        return tq_rf_keep(ctx, q_cur, k, cols, tab, bal, pr, coeffs);
+    }
+    ggml_tensor * q = ggml_is_contiguous(*q_cur) ? *q_cur : ggml_cont(ctx, *q_cur);
+    k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);
+    const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1], g = nq / nkv, nb = cols->ne[1], per = nt / nb;
+    GGML_ASSERT(cols->ne[0] == (bal ? 2 : 1) * hd * nkv && nt % nb == 0 && nq % nkv == 0);
+    ggml_tensor * m = ggml_cont(ctx, ggml_view_3d(ctx, cols, hd, nkv, nb, hd * sizeof(float), cols->nb[1], 0));
+    if (bal) {
+        ggml_tensor * d = ggml_cont(ctx, ggml_view_3d(ctx, cols, hd, nkv, nb, hd * sizeof(float), cols->nb[1], (size_t) hd * nkv * sizeof(float)));
+        ggml_tensor * s = ggml_scale_bias(ctx, d, 1.0f, 1.0f);                                          // [hd, nkv, nb]
+        ggml_tensor * sq = ggml_reshape_4d(ctx, ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, s, hd, 1, nkv, nb), hd, g, nkv, nb), hd, nq, 1, nb);
+        q = ggml_reshape_3d(ctx, ggml_div(ctx, ggml_reshape_4d(ctx, q, hd, nq, per, nb), sq), hd, nq, nt);
+        k = ggml_reshape_3d(ctx, ggml_mul(ctx, ggml_reshape_4d(ctx, k, hd, nkv, per, nb), ggml_reshape_4d(ctx, s, hd, nkv, 1, nb)), hd, nkv, nt);
+    }
+    *q_cur = q;
+    *coeffs = tq_rf_coeffs_ops(ctx, q, m, pr);
+    return ggml_sub(ctx, k, tq_rf_rotate_mean_ops(ctx, m, tab, pr));
+}
+
+/* Statistics per stream, in RoPE's frame (the fitted mean keeps one for the cache): a layer's
+   k_mean is [F, n_stream + 1], column s the means stream s's keys were stored with, the last
+   the cache's shared one. A ubatch's tokens come in nb blocks, one per stream (llama's
+   split_equal; one block for a unified cache), and each block's column is chosen by the host
+   (tq_kmean_prepare, one entry of sel per block and one for the shared column, indices into
+   [the stored columns of streams[0..nb] | this ubatch's SET statistics per block | zeros]):
+     KEEP     the stream's stored column;
+     SET      (the cache empty, the block large enough) the block's own statistics: so a
+              sequence that starts a cache's life gets the statistics of its own tokens, the
+              same alone or batched with others (their tokens are other blocks);
+     ZERO     (the cache empty, the block too small) m = 0, s = 1: the plain cache;
+     INHERIT  (a stream that starts while the cache holds others) the shared column, which
+              the cache's first SET ubatch set; so a sequence that joins a busy cache
+              (llama-server's slots) runs on the same statistics however its prompt was cut.
+   kind TQ_KMEAN_KEEP (every block KEEP): no write, no statistics; otherwise the chosen columns
+   go back to k_mean (set_rows on streams), and kind TQ_KMEAN_SET computes the statistics.
+   streams, sel: i32 [nb + 1] (the last of streams is n_stream, the shared column's row).
+   Returns k' as tq_kmean_rf_use, and the columns the ubatch's blocks run on in *cols. */
+static inline ggml_tensor * tq_kmean_rf_streams(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor ** q_cur, ggml_tensor * k,
+                                                ggml_tensor * k_mean, int kind, ggml_tensor * streams, ggml_tensor * sel,
+                                                ggml_tensor * tab, ggml_tensor * stat_w, float kq_scale, tq_rf_pairs pr,
+                                                bool host_ops, ggml_tensor ** coeffs, ggml_tensor ** cols) {
+    const int64_t hd = k->ne[0], nkv = k->ne[1], nb = streams->ne[0] - 1, F = k_mean->ne[0];
+    const bool bal = F == tq_kmean_floats(hd, nkv, true);
+    GGML_ASSERT(bal || F == tq_kmean_floats(hd, nkv, false));
+    GGML_ASSERT(nb >= 1 && k->ne[2] % nb == 0 && streams->type == GGML_TYPE_I32 && k_mean->ne[1] >= nb + 1);
+    ggml_tensor * stored = ggml_get_rows(ctx, k_mean, streams);                                          // [F, nb + 1]
+    ggml_tensor * use = stored;
+    if (kind != TQ_KMEAN_KEEP) {
+        GGML_ASSERT(sel && sel->type == GGML_TYPE_I32 && sel->ne[0] == nb + 1);
+        ggml_tensor * q = ggml_is_contiguous(*q_cur) ? *q_cur : ggml_cont(ctx, *q_cur);
+        if (!ggml_is_contiguous(k)) {
+            k = ggml_cont(ctx, k);
+        }
+        *q_cur = q;
+        ggml_tensor * parts = stored;
+        if (kind == TQ_KMEAN_SET) {
+            parts = ggml_concat(ctx, parts, tq_kmean_rf_stats(ctx, q, k, tab, stat_w, nb, bal, kq_scale, pr, host_ops), 1);
+        }
+        // a zero column (never a product with stored values: a NaN there would survive * 0)
+        parts = ggml_concat(ctx, parts, ggml_fill(ctx, ggml_view_2d(ctx, stored, F, 1, stored->nb[1], 0), 0.0f), 1);
+        use = ggml_get_rows(ctx, parts, sel);                                                           // [F, nb + 1]
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, k_mean, use, streams));
+    }
+    *cols = ggml_view_2d(ctx, use, F, nb, use->nb[1], 0);
+    return tq_kmean_rf_use(ctx, q_cur, k, *cols, tab, bal, pr, host_ops, coeffs);
+}
+
 /* Before the cache's rotation: k_cur [hd, n_head_kv, n_tokens] (roped) -> s * k - m and
    q_cur [hd, n_head, n_tokens] -> q / s (balancing only), as the mode says (SET needs the
    position map `map` [hd, hd] and >= TQ_KMEAN_MIN_TOKENS tokens, and writes m and s back into
-   k_mean; ZERO writes m = 0, s = 1). Returns k_cur unchanged when k_mean is NULL.
-   A k_mean marked for RoPE's frame (tq-kmean-rope.h) needs the ubatch's position table
-   tab [hd, n_tokens] instead of map, stores s * k - R_p mu' and returns the per-key term's
-   coefficients in *coeffs; its SET statistics weigh the tokens by stat_w [1, n_tokens, 1]
-   (tq_kmean_stat_weights) where given, else equally. host_ops false: no host (custom) op, for
-   a device that would run one only through a round trip (tq_kmean_rope_masked). */
+   k_mean; ZERO writes m = 0, s = 1). Returns k_cur unchanged when k_mean is NULL. The fitted
+   mean keeps one column for the whole cache: column 0 of k_mean.
+   A k_mean marked for RoPE's frame (tq-kmean-rope.h) of one column (a test's; llama's graph
+   takes tq_kmean_rf_streams) needs the ubatch's position table tab [hd, n_tokens] instead of
+   map, stores s * k - R_p mu' and returns the per-key term's coefficients in *coeffs; its SET
+   statistics weigh the tokens by stat_w [1, n_tokens, 1] (tq_kmean_stat_weights) where given,
+   else equally. host_ops false: no host (custom) op (tq_kmean_rf_use). */
 static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor ** q_cur, ggml_tensor * k_cur,
                                            ggml_tensor * k_mean, int mode, ggml_tensor * map, float kq_scale, tq_rf_pairs pr,
                                            ggml_tensor * tab = nullptr, ggml_tensor ** coeffs = nullptr,
@@ -303,30 +420,25 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
     }
     ggml_tensor * q = *q_cur;
     GGML_ASSERT(q->ne[0] == hd && q->ne[1] % nkv == 0 && q->ne[2] == nt && hd % 2 == 0);
-    if (rf && mode == TQ_KMEAN_KEEP && host_ops) {
-        // every decode step: the fused op (the same values as the nodes below)
-        return tq_rf_keep(ctx, q_cur, k_cur, k_mean, tab, bal, pr, coeffs);
-    }
     if (!ggml_is_contiguous(q)) {
         q = ggml_cont(ctx, q);
     }
     if (!ggml_is_contiguous(k_cur)) {
         k_cur = ggml_cont(ctx, k_cur);
     }
+    if (rf) {
+        GGML_ASSERT(ggml_nelements(k_mean) == k_mean->ne[0]);
+        ggml_tensor * cols = ggml_reshape_2d(ctx, k_mean, k_mean->ne[0], 1);
+        if (mode == TQ_KMEAN_SET) {
+            cols = tq_kmean_rf_stats(ctx, q, k_cur, tab, stat_w, 1, bal, kq_scale, pr, host_ops);
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, cols, k_mean));
+        }
+        *q_cur = q;
+        return tq_kmean_rf_use(ctx, q_cur, k_cur, cols, tab, bal, pr, host_ops, coeffs);
+    }
     ggml_tensor * m_use = m_st;
     ggml_tensor * s_use = bal ? ggml_scale_bias(ctx, d_st, 1.0f, 1.0f) : nullptr;
-    if (mode == TQ_KMEAN_SET && rf) {
-        GGML_ASSERT(!stat_w || (stat_w->type == GGML_TYPE_F32 && stat_w->ne[0] == 1 && stat_w->ne[1] == nt));
-        ggml_tensor * per_tok = stat_w ? stat_w : tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt);
-        m_use = tq_rf_unrope_mean(ctx, k_cur, tab, per_tok, pr);                                      // mu
-        if (bal) {
-            ggml_tensor * resid = ggml_sub(ctx, k_cur, host_ops ? tq_rf_rotate_mean(ctx, m_use, tab, pr)
-                                                                : tq_rf_rotate_mean_ops(ctx, m_use, tab, pr));
-            s_use = tq_kbal_store(ctx, gf, tq_kbal_scale(ctx, k_cur, q, nullptr, nullptr, per_tok, kq_scale, pr, resid, stat_w), d_st);
-            m_use = ggml_mul(ctx, m_use, s_use);                                                         // mu' = s mu
-        }
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, m_use, m_st));
-    } else if (mode == TQ_KMEAN_SET) {
+    if (mode == TQ_KMEAN_SET) {
         ggml_tensor * per_tok = tq_kbal_const(ctx, k_cur, nt, 1, 1.0f / (float) nt);
         ggml_tensor * kbar = ggml_reshape_2d(ctx, tq_kbal_wsum(ctx, ggml_reshape_3d(ctx, k_cur, n, nt, 1), per_tok), hd, nkv);
         m_use = ggml_mul_mat(ctx, map, kbar);                                                            // F kbar
@@ -341,15 +453,6 @@ static inline ggml_tensor * tq_kmean_apply(ggml_context * ctx, ggml_cgraph * gf,
         ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, g, nkv, nt);
         *q_cur = ggml_reshape_3d(ctx, ggml_div(ctx, q4, ggml_reshape_4d(ctx, s_use, hd, 1, nkv, 1)), hd, nq, nt);
         k_cur = ggml_mul(ctx, k_cur, ggml_reshape_3d(ctx, s_use, hd, nkv, 1));
-    }
-    if (rf) {
-        if (!host_ops) {
-            // a device without host ops (tq_rf_rotate_mean_ops): no graph split per layer
-            *coeffs = tq_rf_coeffs_ops(ctx, *q_cur, m_use, pr);
-            return ggml_sub(ctx, k_cur, tq_rf_rotate_mean_ops(ctx, m_use, tab, pr));
-        }
-        *coeffs = tq_rf_coeffs(ctx, *q_cur, m_use, pr);
-        return ggml_sub(ctx, k_cur, tq_rf_rotate_mean(ctx, m_use, tab, pr));
     }
     return ggml_sub(ctx, k_cur, ggml_reshape_3d(ctx, m_use, hd, nkv, 1));
 }

@@ -39,9 +39,21 @@ public:
             ggml_backend_tensor_set(map, buf.data(), 0, ggml_nbytes(map));
         }
         if (stat_w) {
+            // per block (stream) of the ubatch: its statistics are its own tokens'
+            const int64_t per = stat_w->ne[1];
             std::vector<float> w(ubatch->n_tokens);
-            tq_kmean_stat_weights(ubatch->pos, ubatch->n_tokens, stat_skip_first, w.data());
+            for (int64_t b = 0; b * per < (int64_t) ubatch->n_tokens; ++b) {
+                tq_kmean_stat_weights(ubatch->pos + b * per, per, stat_skip_first, w.data() + b * per);
+            }
             ggml_backend_tensor_set(stat_w, w.data(), 0, ggml_nbytes(stat_w));
+        }
+        if (streams) {
+            std::vector<int32_t> st(streams->ne[0]), sl(streams->ne[0]);
+            kv->tq_kmean_fill_blocks(*ubatch, st.data(), sl.data(), streams->ne[0] - 1);
+            ggml_backend_tensor_set(streams, st.data(), 0, ggml_nbytes(streams));
+            if (sel) {
+                ggml_backend_tensor_set(sel, sl.data(), 0, ggml_nbytes(sel));
+            }
         }
         if (sink_idx) {
             // each token's slot of the exact first keys (tq-sink.h)
@@ -69,19 +81,23 @@ public:
         }
     }
 
-    // the graph fits a ubatch of the same mode (the positions only change the input's data)
+    // the graph fits a ubatch of the same mode and blocks (the positions and streams only
+    // change the inputs' data)
     bool can_reuse(const llm_graph_params & params) override {
         GGML_UNUSED(params);
-        return kv->tq_kmean_mode_get() == mode;
+        return kv->tq_kmean_mode_get() == mode && (!streams || kv->tq_kmean_n_blocks() == streams->ne[0] - 1);
     }
 
     const llama_kv_cache * kv;
     const int mode;
     ggml_tensor * map = nullptr; // SET only: f32 [hd_max * hd_max, n_layer], layer il's M in row il
-    // SET in RoPE's frame: f32 [1, n_tokens, 1], the tokens' weights in the statistics
-    // (tq_kmean_stat_weights), skipping the first keys where the cache keeps them exact
+    // SET in RoPE's frame: f32 [1, n_tokens / nb, nb], the tokens' weights in the statistics of
+    // their block (tq_kmean_stat_weights), skipping the first keys where the cache keeps them exact
     ggml_tensor * stat_w = nullptr;
     bool stat_skip_first = false;
+    // in RoPE's frame (tq_kmean_rf_streams): i32 [nb + 1], the stream of each block of the
+    // ubatch's tokens and the shared column's row; and (not KEEP) each one's column choice
+    ggml_tensor * streams = nullptr, * sel = nullptr;
 
     // the mean in RoPE's frame (tq-kmean-rope.h), per set of RoPE frequencies: the position
     // tables of the ubatch's tokens [hd, n_tokens] and of the cells in view [hd, n_kv * the
@@ -90,6 +106,7 @@ public:
     std::vector<ggml_tensor *> tab_ub, tab_kv;
     int64_t kv_streams = 1;
     std::vector<ggml_tensor *> coeffs;
+    std::vector<ggml_tensor *> cols; // per layer: the means [F, nb] its blocks run on
     ggml_tensor * sink_idx = nullptr; // i64 [n_tokens]: each token's slot of the exact first keys
     // i32 [n_kv * the view's streams, 2]: each cell's position and its slot of the exact first
     // keys (C of tq-fa-contract.h; slots all -1 unless cells_slots)
@@ -167,21 +184,37 @@ static ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf, llm_gr
                               // RoPE's frame the host's rule reaches the graph as its weights)
     }
     ggml_tensor * map = nullptr;
-    if (tq_kmean_rope_is(k_mean) && mode != TQ_KMEAN_ZERO) {
+    if (tq_kmean_rope_is(k_mean)) {
+        // statistics per stream (tq_kmean_rf_streams): the ubatch's tokens in nb blocks, one
+        // per stream of the cache's view
         const int set = kv->tq_kmean_rope_set(il);
         GGML_ASSERT(set >= 0);
-        ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_ub, set, k_cur->ne[2], "tq_kmean_rope_ub");
+        const int64_t nt = k_cur->ne[2], nb = mctx->tq_n_blocks();
+        GGML_ASSERT(nb >= 1 && nt % nb == 0);
+        ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_ub, set, nt, "tq_kmean_rope_ub");
         if (in->coeffs.size() <= (size_t) il) {
             in->coeffs.resize(il + 1, nullptr);
+            in->cols.resize(il + 1, nullptr);
         }
+        if (!in->streams) {
+            in->streams = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, nb + 1);
+            ggml_set_input(in->streams);
+            ggml_set_name(in->streams, "tq_kmean_streams");
+            if (mode != TQ_KMEAN_KEEP) {
+                in->sel = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, nb + 1);
+                ggml_set_input(in->sel);
+                ggml_set_name(in->sel, "tq_kmean_sel");
+            }
+        }
+        GGML_ASSERT(in->streams->ne[0] == nb + 1);
         if (mode == TQ_KMEAN_SET && !in->stat_w) {
-            in->stat_w = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, k_cur->ne[2], 1);
+            in->stat_w = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, nt / nb, nb);
             ggml_set_input(in->stat_w);
             ggml_set_name(in->stat_w, "tq_kmean_stat_w");
             in->stat_skip_first = kv->tq_sink_reads();
         }
-        return tq_kmean_apply(ctx, gf, q_cur, k_cur, k_mean, mode, nullptr, kq_scale, pr, tab, &in->coeffs[il],
-                              in->stat_w, !kv->tq_kmean_rope_masked(il));
+        return tq_kmean_rf_streams(ctx, gf, q_cur, k_cur, k_mean, mode, in->streams, in->sel, tab, in->stat_w, kq_scale, pr,
+                                   !kv->tq_kmean_rope_masked(il), &in->coeffs[il], &in->cols[il]);
     }
     if (mode == TQ_KMEAN_SET) {
         if (!in->map) {
@@ -313,8 +346,11 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
         sink_d = tq_sink_delta(ctx, *k, in->sel_cells, in->sel_slots, sink_rows, sink_q);
     }
     if (prefill) {
+        // the means each stream of the view runs on (one column per stream, tq_kmean_rf_streams)
         const int64_t hd = (*k)->ne[0];
-        ggml_tensor * mu = tq_kmean_view(ctx, k_mean, hd, (*k)->ne[1]);
+        ggml_tensor * cols = in->cols[il];
+        GGML_ASSERT(cols && cols->ne[1] == (*k)->ne[3]);
+        ggml_tensor * mu = ggml_cont(ctx, ggml_view_3d(ctx, cols, hd, (*k)->ne[1], cols->ne[1], hd * sizeof(float), cols->nb[1], 0));
         ggml_tensor * slots = sink && !masked ? ggml_view_1d(ctx, in->cells, n_cells, in->cells->nb[1]) : nullptr;
         const tq_rf_pairs pr = { rope_type != LLAMA_ROPE_TYPE_NORM, kv->tq_kmean_n_rot(il) };
         *k = tq_rf_keys(ctx, *k, mu, tab_cells, rot, pr, llama_mul_mat_hadamard, slots, sink_rows, sink_q,

@@ -224,9 +224,11 @@ ggml_tensor * llama_kv_cache::tq_kmean_new(ggml_context * ctx, uint32_t il) {
         ggml_format_name(tq_sink_rows[il], "cache_k_sink_l%d", il);
         ggml_format_name(tq_sink_q[il], "cache_k_sink_q_l%d", il);
     }
-    // [m | s - 1 (balancing only)], see tq-kmean.h
+    // [m | s - 1 (balancing only)] per stream and a shared column (tq_kmean_rf_streams in
+    // tq-kmean.h; the fitted mean uses column 0 for the whole cache)
     const int64_t hd = hparams.n_embd_head_k(il);
-    ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, tq_kmean_floats(hd, hparams.n_embd_k_gqa(il) / hd, tq_kbal));
+    ggml_tensor * t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, tq_kmean_floats(hd, hparams.n_embd_k_gqa(il) / hd, tq_kbal),
+                                         (int64_t) n_stream + 1);
     ggml_format_name(t, "cache_k_mean_l%d", il);
     return t;
 }
@@ -638,23 +640,27 @@ void llama_kv_cache::tq_kmean_set_positions(uint32_t n_pos) {
     tq_kmean_n_pos = n_pos;
 }
 
-// Whether a first ubatch into an empty cache gives the statistics (SET, tq-kmean.h): with
-// the first keys read exact (skip_first) the tokens not at position 0 count, and fewer are
-// enough, since the sink that made a small sample unreliable is left out of it.
-static bool tq_kmean_can_set(const llama_ubatch & ub, bool skip_first) {
+// Whether tokens at pos[0..n) give statistics (SET, tq-kmean.h): with the first keys read
+// exact (skip_first) the tokens not at position 0 count, and fewer are enough, since the sink
+// that made a small sample unreliable is left out of it.
+static bool tq_kmean_can_set(const llama_pos * pos, uint32_t n, bool skip_first) {
     if (!skip_first) {
-        return ub.n_tokens >= TQ_KMEAN_MIN_TOKENS;
+        return n >= TQ_KMEAN_MIN_TOKENS;
     }
-    uint32_t n = 0;
-    for (uint32_t j = 0; j < ub.n_tokens; ++j) {
-        n += ub.pos[j] != 0;
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < n; ++j) {
+        k += pos[j] != 0;
     }
-    return n >= TQ_KMEAN_MIN_TOKENS_SKIP;
+    return k >= TQ_KMEAN_MIN_TOKENS_SKIP;
 }
 
-// Before a ubatch is applied (and its graph built or reused): pick SET / ZERO / KEEP
-// (tq-kmean.h). The graph of each mode does its own writes; only a small first ubatch with
-// the exact first keys has its zero mean written here.
+// Before a ubatch is applied (and its graph built or reused): pick the modes (tq-kmean.h).
+// The fitted mean: one for the cache, SET / ZERO by the first ubatch into an empty cache,
+// KEEP after. In RoPE's frame: one per block of the ubatch (a stream each, tq_kmean_rf_streams):
+// into an empty cache SET or ZERO by the block's own tokens, the shared column from the first
+// block that SETs; into a busy cache KEEP, or INHERIT for a stream that holds no cell yet. The
+// graph's kind: KEEP when every block keeps, SET when one computes statistics, else ZERO
+// (columns chosen and written, no statistics).
 void llama_kv_cache::tq_kmean_prepare(const llama_ubatch & ubatch) {
     if (!tq_kmean) {
         return;
@@ -663,26 +669,70 @@ void llama_kv_cache::tq_kmean_prepare(const llama_ubatch & ubatch) {
     for (const auto & cells : v_cells) {
         empty = empty && cells.get_used() == 0;
     }
-    if (!empty) {
-        tq_kmean_mode = TQ_KMEAN_KEEP; // every decode step: nothing else to decide
-        return;
-    }
     tq_kmean_rope_setup();
     const bool rf = std::any_of(layers.begin(), layers.end(), [](const kv_layer & l) { return tq_kmean_rope_is(l.k_mean); });
-    tq_kmean_mode = tq_kmean_can_set(ubatch, rf && tq_sink_reads()) ? TQ_KMEAN_SET : TQ_KMEAN_ZERO;
-    if (tq_kmean_mode == TQ_KMEAN_ZERO && tq_sink_type != GGML_TYPE_COUNT && rf) {
-        // With the exact first keys a small first ubatch runs as KEEP over m = 0, s = 1
-        // (the same values as ZERO's plain cache), so that its graph writes its first key's
-        // slot and reads it: a ZERO graph does neither, and the next ubatches would read the
-        // slot as some earlier sequence left it (tq-sink.h).
-        // The slots are read only with the mean in RoPE's frame, which runs only where the
-        // cache is in host memory (tq_kmean_rope_setup): there this write is synchronous.
-        for (const auto & layer : layers) {
-            if (layer.k_mean) {
-                ggml_backend_tensor_memset(layer.k_mean, 0, 0, ggml_nbytes(layer.k_mean));
+    if (!rf) {
+        tq_kmean_blocks.clear();
+        tq_kmean_mode = !empty ? TQ_KMEAN_KEEP : tq_kmean_can_set(ubatch.pos, ubatch.n_tokens, false) ? TQ_KMEAN_SET : TQ_KMEAN_ZERO;
+        return;
+    }
+    const uint32_t nb = n_stream > 1 ? ubatch.n_seqs_unq : 1, per = ubatch.n_tokens / nb;
+    GGML_ASSERT(nb >= 1 && per * nb == ubatch.n_tokens);
+    const bool skip = tq_sink_reads();
+    tq_kmean_blocks.assign(nb, TQ_KMEAN_KEEP);
+    tq_kmean_shared = empty ? -1 : -2; // -1: zeros, -2: the stored one, else the block whose SET it takes
+    bool any_set = false, any_new = empty;
+    for (uint32_t b = 0; b < nb; ++b) {
+        int8_t m;
+        if (empty) {
+            m = tq_kmean_can_set(ubatch.pos + b * per, per, skip) ? TQ_KMEAN_SET : TQ_KMEAN_ZERO;
+            if (m == TQ_KMEAN_SET && tq_kmean_shared == -1) {
+                tq_kmean_shared = (int) b;
             }
+        } else {
+            m = v_cells[seq_to_stream[ubatch.seq_id[b * per][0]]].get_used() == 0 ? TQ_KMEAN_INHERIT : TQ_KMEAN_KEEP;
         }
-        tq_kmean_mode = TQ_KMEAN_KEEP;
+        any_set = any_set || m == TQ_KMEAN_SET;
+        any_new = any_new || m != TQ_KMEAN_KEEP;
+        tq_kmean_blocks[b] = m;
+    }
+    tq_kmean_mode = any_set ? TQ_KMEAN_SET : any_new ? TQ_KMEAN_ZERO : TQ_KMEAN_KEEP;
+}
+
+int64_t llama_kv_cache::tq_kmean_n_blocks() const {
+    return (int64_t) tq_kmean_blocks.size();
+}
+
+// The graph inputs of tq_kmean_rf_streams for this ubatch (nb blocks): each block's stream
+// and the shared column's row n_stream; the column each takes among [the stored ones of
+// streams[0..nb] | the blocks' SET statistics (SET graphs only) | zeros].
+void llama_kv_cache::tq_kmean_fill_blocks(const llama_ubatch & ub, int32_t * streams, int32_t * sel, int64_t nb) const {
+    GGML_ASSERT(nb == (int64_t) tq_kmean_blocks.size() && ub.n_tokens % nb == 0);
+    const int64_t per = ub.n_tokens / nb, zero = tq_kmean_mode == TQ_KMEAN_SET ? 2 * nb + 1 : nb + 1;
+    for (int64_t b = 0; b < nb; ++b) {
+        streams[b] = (int32_t) seq_to_stream[ub.seq_id[b * per][0]];
+        switch (tq_kmean_blocks[b]) {
+            case TQ_KMEAN_SET:     sel[b] = (int32_t) (nb + 1 + b); break;
+            case TQ_KMEAN_ZERO:    sel[b] = (int32_t) zero; break;
+            case TQ_KMEAN_INHERIT: sel[b] = (int32_t) nb; break;
+            default:               sel[b] = (int32_t) b; break;
+        }
+    }
+    streams[nb] = (int32_t) n_stream;
+    sel[nb] = (int32_t) (tq_kmean_shared >= 0 ? nb + 1 + tq_kmean_shared : tq_kmean_shared == -1 ? zero : nb);
+}
+
+// Stream copy (seq_cp across streams, applied in update): the destination stream now holds
+// the source's keys, stored with the source's means.
+void llama_kv_cache::tq_kmean_stream_copy(uint32_t ssrc, uint32_t sdst) {
+    std::vector<uint8_t> buf;
+    for (const auto & layer : layers) {
+        if (tq_kmean_rope_is(layer.k_mean)) {
+            const size_t row = layer.k_mean->nb[1];
+            buf.resize(row);
+            ggml_backend_tensor_get(layer.k_mean, buf.data(), (size_t) ssrc * row, row);
+            ggml_backend_tensor_set(layer.k_mean, buf.data(), (size_t) sdst * row, row);
+        }
     }
 }
 
@@ -738,9 +788,11 @@ static uint32_t tq_kmean_state_tag(bool kbal, bool rf) {
 void llama_kv_cache::tq_kmean_state_write(llama_io_write_i & io, const kv_layer & layer, uint32_t strm,
                               const std::vector<std::pair<uint32_t, uint32_t>> & ranges) const {
     if (layer.k_mean) {
-        const uint32_t tag = tq_kmean_state_tag(tq_kbal, tq_kmean_rope_is(layer.k_mean));
+        // the stream's column in RoPE's frame, the cache's (column 0) for the fitted mean
+        const bool rf = tq_kmean_rope_is(layer.k_mean);
+        const uint32_t tag = tq_kmean_state_tag(tq_kbal, rf);
         io.write(&tag, sizeof(tag));
-        io.write_tensor(layer.k_mean, 0, ggml_nbytes(layer.k_mean));
+        io.write_tensor(layer.k_mean, rf ? (size_t) strm * layer.k_mean->nb[1] : 0, layer.k_mean->nb[1]);
         tq_sink_state_write(io, layer, strm, ranges);
     }
 }
@@ -761,7 +813,7 @@ bool llama_kv_cache::tq_kmean_state_read(llama_io_read_i & io, const kv_layer & 
     if (!layer.k_mean) {
         return true;
     }
-    const int64_t n_f = ggml_nelements(layer.k_mean); // m and s - 1, tq-kmean.h
+    const int64_t n_f = layer.k_mean->ne[0]; // m and s - 1 of one column, tq-kmean.h
     const size_t n = (size_t) n_f * sizeof(float);
     uint32_t tag = 0;
     io.read(&tag, sizeof(tag));
@@ -783,9 +835,14 @@ bool llama_kv_cache::tq_kmean_state_read(llama_io_read_i & io, const kv_layer & 
     if (!tq_kmean_state_check(saved.data(), n_f, tq_kbal, layer.il)) {
         return false;
     }
-    if (!adopt) {
+    // in RoPE's frame the stream's own column, which it adopts when it holds no other cells
+    // than the restored ones (whatever the other streams hold); the fitted mean's is the cache's
+    const bool rf = tq_kmean_rope_is(layer.k_mean);
+    const size_t at = rf ? (size_t) strm * layer.k_mean->nb[1] : 0;
+    const bool adopt_col = rf ? v_cells[strm].get_used() <= cell_count : adopt;
+    if (!adopt_col) {
         std::vector<float> cur(n_f);
-        ggml_backend_tensor_get(layer.k_mean, cur.data(), 0, n);
+        ggml_backend_tensor_get(layer.k_mean, cur.data(), at, n);
         if (memcmp(saved.data(), cur.data(), n) != 0) {
             LLAMA_LOG_ERROR("%s: layer %d: the saved turbo K mean differs from the one this cache's other sequences use; "
                             "restore into an empty cache (or run with --tq-k-mean off on both sides)\n", __func__, layer.il);
@@ -795,8 +852,12 @@ bool llama_kv_cache::tq_kmean_state_read(llama_io_read_i & io, const kv_layer & 
     if (!tq_sink_state_read(io, layer, adopt, strm, cell_count, sinfo)) {
         return false;
     }
-    if (adopt) {
-        ggml_backend_tensor_set(layer.k_mean, saved.data(), 0, n);
+    if (adopt_col) {
+        ggml_backend_tensor_set(layer.k_mean, saved.data(), at, n);
+    }
+    if (rf && adopt) {
+        // a cache that holds only what is restored: streams that start later inherit these
+        ggml_backend_tensor_set(layer.k_mean, saved.data(), (size_t) n_stream * layer.k_mean->nb[1], n);
     }
     return true;
 }

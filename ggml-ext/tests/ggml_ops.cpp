@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -1064,4 +1065,115 @@ extern "C" int tq_test_switch_read(int reader, int id) {
         default:
             return -1;
     }
+}
+
+// Statistics per stream in RoPE's frame (tq_kmean_rf_streams, tq-kmean.h). A ubatch of three
+// blocks (streams 2, 0, 3 of a 4-stream cache) against each block alone (a one-block ubatch
+// into another cache): (1) SET: every block's k', q / s and coefficients A, and the column
+// written for its stream, are the bits of the block alone, and the shared column is the
+// chosen block's; (2) a later ubatch of KEEP, INHERIT and ZERO blocks runs the first on its
+// stream's stored column (the bits of a KEEP graph), gives the second the shared column and
+// writes it to its stream, zeroes the third (and its k' is then the roped keys unchanged);
+// with balancing and without, both RoPE layouts, the CPU's fused op and the chains of ops a
+// device without host ops gets.
+extern "C" int tq_test_kmean_streams(char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    const int64_t hd = 64, half = hd / 2, nkv = 2, g = 3, nq = nkv * g, per = 40, nb = 3, n_stream = 4;
+    const int32_t strm[nb] = { 2, 0, 3 };
+    std::vector<double> w(half);
+    for (int64_t i = 0; i < half; ++i) w[i] = std::pow(10000.0, -2.0 * i / hd);
+    for (bool neox : { false, true })
+    for (bool bal : { false, true })
+    for (bool host : { true, false }) {
+        const tq_rf_pairs pr = { neox, 0 };
+        const int64_t F = tq_kmean_floats(hd, nkv, bal), nt = nb * per;
+        const std::vector<float> kv = gaussian(hd * nkv * nt, 61), qv = gaussian(hd * nq * nt, 62);
+        std::vector<float> kx(kv);
+        for (int64_t i = 0; i < (int64_t) kx.size(); ++i) kx[i] += 1.5f * (float) ((i % hd) % 3); // a common component
+        std::vector<float> tabv(hd * nt);
+        for (int64_t t = 0; t < nt; ++t) {
+            const int64_t p = (t % per) + 100 * (t / per); // each block its own sequence's positions
+            for (int64_t i = 0; i < half; ++i) {
+                tabv[t * hd + i] = (float) std::cos(p * w[i]);
+                tabv[t * hd + half + i] = (float) std::sin(p * w[i]);
+            }
+        }
+        // one ubatch of nbk blocks (tokens t0 ..) into the cache km; returns k', q', A, cols
+        struct out { std::vector<float> k, q, a; };
+        auto run = [&](Ctx & c, ggml_tensor * km, int kind, const std::vector<int32_t> & st, const std::vector<int32_t> & sl,
+                       int64_t t0, int64_t nbk) {
+            const int64_t n = nbk * per;
+            ggml_tensor * k = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nkv, n);
+            ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nq, n);
+            ggml_tensor * tab = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, n);
+            memcpy(k->data, kx.data() + t0 * hd * nkv, ggml_nbytes(k));
+            memcpy(q->data, qv.data() + t0 * hd * nq, ggml_nbytes(q));
+            memcpy(tab->data, tabv.data() + t0 * hd, ggml_nbytes(tab));
+            ggml_tensor * ts = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nbk + 1);
+            ggml_tensor * tl = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nbk + 1);
+            memcpy(ts->data, st.data(), ggml_nbytes(ts));
+            memcpy(tl->data, sl.data(), ggml_nbytes(tl));
+            ggml_cgraph * gf = ggml_new_graph_custom(c.ctx, 4096, false);
+            ggml_tensor * qs = q, * A = nullptr, * cols = nullptr;
+            ggml_tensor * ks = tq_kmean_rf_streams(c.ctx, gf, &qs, k, km, kind, ts, kind == TQ_KMEAN_KEEP ? nullptr : tl, tab,
+                                                   nullptr, 0.125f, pr, host, &A, &cols);
+            for (ggml_tensor * t : { ks, qs, A }) ggml_build_forward_expand(gf, t);
+            ggml_graph_compute_with_ctx(c.ctx, gf, 2);
+            auto flat = [](ggml_tensor * t) {
+                std::vector<float> v(ggml_nelements(t));
+                for (int64_t i3 = 0, j = 0; i3 < t->ne[2]; ++i3)
+                    for (int64_t i2 = 0; i2 < t->ne[1]; ++i2)
+                        for (int64_t i1 = 0; i1 < t->ne[0]; ++i1, ++j)
+                            v[j] = *(const float *) ((const char *) t->data + i1 * t->nb[0] + i2 * t->nb[1] + i3 * t->nb[2]);
+                return v;
+            };
+            return out{ flat(ks), flat(qs), flat(A) };
+        };
+        auto new_km = [&](Ctx & c) {
+            ggml_tensor * km = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, F, n_stream + 1);
+            tq_kmean_rope_mark(km);
+            const auto junk = gaussian(F * (n_stream + 1), 63, 0.1f); // stored columns no one may read
+            memcpy(km->data, junk.data(), ggml_nbytes(km));
+            return km;
+        };
+        auto col = [&](ggml_tensor * km, int64_t s) { return (const float *) km->data + s * F; };
+        const char * how = host ? "fused op" : "ops";
+        // (1) SET: three blocks together, shared from block 1
+        Ctx ca(256);
+        ggml_tensor * km = new_km(ca);
+        const out all = run(ca, km, TQ_KMEAN_SET, { strm[0], strm[1], strm[2], (int32_t) n_stream },
+                            { nb + 1, nb + 2, nb + 3, nb + 2 }, 0, nb);
+        for (int64_t b = 0; b < nb; ++b) {
+            Ctx c1(64);
+            ggml_tensor * k1 = new_km(c1);
+            const out one = run(c1, k1, TQ_KMEAN_SET, { strm[b], (int32_t) n_stream }, { 2, 2 }, b * per, 1);
+            for (auto [x, y, n, what] : { std::make_tuple(&all.k, &one.k, hd * nkv, "k'"), std::make_tuple(&all.q, &one.q, hd * nq, "q/s"),
+                                          std::make_tuple(&all.a, &one.a, hd * nq, "A") })
+                for (int64_t i = 0; i < per * n; ++i)
+                    if ((*x)[b * per * n + i] != (*y)[i])
+                        return err.fail("streams SET (%s, neox %d, bal %d): block %lld's %s value %lld is %.9g among 3 blocks, %.9g alone",
+                                        how, neox, bal, (long long) b, what, (long long) i, (*x)[b * per * n + i], (*y)[i]);
+            if (memcmp(col(km, strm[b]), col(k1, strm[b]), F * sizeof(float)) != 0)
+                return err.fail("streams SET (%s, neox %d, bal %d): stream %d's stored column differs from the block's alone", how, neox, bal, strm[b]);
+        }
+        if (memcmp(col(km, n_stream), col(km, strm[1]), F * sizeof(float)) != 0)
+            return err.fail("streams SET (%s, neox %d, bal %d): the shared column is not block 1's", how, neox, bal);
+        // (2) KEEP stream 2, INHERIT stream 1 (no cells yet), ZERO stream 0; shared kept
+        std::vector<float> shared(col(km, n_stream), col(km, n_stream) + F), kept(col(km, 2), col(km, 2) + F);
+        const out mix = run(ca, km, TQ_KMEAN_ZERO, { 2, 1, 0, (int32_t) n_stream }, { 0, nb, nb + 1, nb }, 0, nb);
+        if (memcmp(col(km, 1), shared.data(), F * sizeof(float)) != 0 || memcmp(col(km, 2), kept.data(), F * sizeof(float)) != 0 ||
+            memcmp(col(km, n_stream), shared.data(), F * sizeof(float)) != 0)
+            return err.fail("streams (%s, neox %d, bal %d): INHERIT did not take the shared column, or KEEP / the shared one changed", how, neox, bal);
+        for (int64_t i = 0; i < F; ++i)
+            if (col(km, 0)[i] != 0.0f) return err.fail("streams (%s, neox %d, bal %d): ZERO left %g in its column", how, neox, bal, col(km, 0)[i]);
+        const out keep = run(ca, km, TQ_KMEAN_KEEP, { 2, 1, 0, (int32_t) n_stream }, { 0, 0, 0, 0 }, 0, nb);
+        if (memcmp(keep.k.data(), mix.k.data(), mix.k.size() * sizeof(float)) != 0 ||
+            memcmp(keep.a.data(), mix.a.data(), mix.a.size() * sizeof(float)) != 0)
+            return err.fail("streams (%s, neox %d, bal %d): the chosen columns do not run as a KEEP over the stored ones", how, neox, bal);
+        for (int64_t i = 0; i < per * hd * nkv; ++i) {
+            const float want = kx[2 * per * hd * nkv + i], got = mix.k[2 * per * hd * nkv + i];
+            if (want != got) return err.fail("streams (%s, neox %d, bal %d): a ZERO block's k' %g, the key %g", how, neox, bal, got, want);
+        }
+    }
+    return 0;
 }
