@@ -297,14 +297,15 @@ fn live_slot_run(srv: &mut Server, file: Option<&str>) -> (Completion, Completio
     (first, next)
 }
 
-/// `-np 2`: a state saved from slot 0 (mean of prompt A) restored into slot 0 while slot 1
-/// is live with the mean of prompt B: refused (the cache's other keys were stored with
-/// another mean), slot 1's continuation byte-identical to a server where no restore was
-/// tried; after slot 1 is erased the same file restores.
+/// `-np 2 -kvu` (one stream for both slots, so one set of K statistics): a state saved from
+/// slot 0 (mean of prompt A) restored into slot 0 while slot 1 is live with the mean of prompt
+/// B: refused (the cache's other keys were stored with another mean), slot 1's continuation
+/// byte-identical to a server where no restore was tried; after slot 1 is erased the same file
+/// restores.
 #[test]
-fn restore_into_a_busy_cache_with_another_mean_is_refused_and_the_live_slot_is_untouched() {
+fn restore_into_a_busy_unified_cache_with_another_mean_is_refused_and_the_live_slot_is_untouched() {
     let dir = slot_dir("busy");
-    let mut srv = slot_server(&dir, 2, &[]);
+    let mut srv = slot_server(&dir, 2, &["-kvu"]);
     let a = tokens(&srv, PROMPT_A);
     complete(&srv, 0, &a, 8);
     slot_ok(&srv, 0, "save", "a.bin");
@@ -315,7 +316,7 @@ fn restore_into_a_busy_cache_with_another_mean_is_refused_and_the_live_slot_is_u
     assert_eq!(r.code, 200, "restore into the emptied cache: {}", r.body);
     srv.stop();
 
-    let mut reference = slot_server(&dir, 2, &[]);
+    let mut reference = slot_server(&dir, 2, &["-kvu"]);
     let (rfirst, rnext) = live_slot_run(&mut reference, None);
     reference.stop();
     assert_eq!(first.content, rfirst.content);
@@ -325,6 +326,52 @@ fn restore_into_a_busy_cache_with_another_mean_is_refused_and_the_live_slot_is_u
         "slot 1's continuation changed by the refused restore"
     );
     eprintln!("live slot continuation: {:?}", next.content);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `-np 2` (a stream per slot, each with its own K statistics): the same state restored into
+/// slot 0 while slot 1 is live with another mean is taken, since slot 0's stream holds only the
+/// restored cells; slot 0 then continues as the server that saved it did (its cache reused,
+/// the same tokens), and slot 1's continuation is byte-identical to a server where nothing
+/// was restored.
+#[test]
+fn restore_into_an_empty_stream_of_a_busy_cache_keeps_its_own_mean() {
+    let dir = slot_dir("stream");
+    let mut srv = slot_server(&dir, 2, &[]);
+    let a = tokens(&srv, PROMPT_A);
+    let a0 = complete(&srv, 0, &a, 8);
+    slot_ok(&srv, 0, "save", "a.bin");
+    let aa: Vec<u64> = a.iter().chain(&a0.tokens).copied().collect();
+    let saved_next = complete(&srv, 0, &aa, 8);
+    slot_ok(&srv, 0, "erase", "");
+    let b = tokens(&srv, PROMPT_B);
+    let first = complete(&srv, 1, &b, 16);
+    slot_ok(&srv, 0, "restore", "a.bin");
+    let restored_next = complete(&srv, 0, &aa, 8);
+    assert!(
+        restored_next.prompt_n < 4,
+        "slot 0's restored cache was not reused ({} evaluated)",
+        restored_next.prompt_n
+    );
+    assert_eq!(
+        (restored_next.tokens.clone(), restored_next.content.clone()),
+        (saved_next.tokens, saved_next.content),
+        "slot 0 continues otherwise after the restore into a busy cache"
+    );
+    let bb: Vec<u64> = b.iter().chain(&first.tokens).copied().collect();
+    let next = complete(&srv, 1, &bb, 16);
+    srv.stop();
+
+    let mut reference = slot_server(&dir, 2, &[]);
+    let (rfirst, rnext) = live_slot_run(&mut reference, None);
+    reference.stop();
+    assert_eq!(first.content, rfirst.content);
+    assert_eq!(
+        (next.tokens.clone(), next.content.clone()),
+        (rnext.tokens, rnext.content),
+        "slot 1's continuation changed by the restore into slot 0"
+    );
+    eprintln!("restored slot continuation: {:?}", restored_next.content);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

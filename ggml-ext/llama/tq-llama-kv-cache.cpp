@@ -654,13 +654,40 @@ static bool tq_kmean_can_set(const llama_pos * pos, uint32_t n, bool skip_first)
     return k >= TQ_KMEAN_MIN_TOKENS_SKIP;
 }
 
+// init_batch's call before it splits a batch: with statistics per stream (RoPE's frame) and a
+// cache that holds no cell, every stream starts fresh in this batch (its first ubatch sets
+// its own statistics, tq_kmean_prepare), and a multi-stream cache then gives each sequence its
+// first ubatch alone (true: split_seq instead of split_equal), so that its statistics come
+// from its first min(length, n_ubatch) tokens whatever the batch holds besides; that costs
+// no throughput (the same tokens per ubatch, only not interleaved). A busy cache: nothing
+// fresh (new streams inherit the shared column), the usual split.
+bool llama_kv_cache::tq_kmean_batch_begin() {
+    tq_kmean_fresh.assign(n_stream, 0);
+    if (!tq_kmean) {
+        return false;
+    }
+    for (const auto & cells : v_cells) {
+        if (cells.get_used() != 0) {
+            return false;
+        }
+    }
+    tq_kmean_rope_setup();
+    if (!std::any_of(layers.begin(), layers.end(), [](const kv_layer & l) { return tq_kmean_rope_is(l.k_mean); })) {
+        return false;
+    }
+    tq_kmean_fresh.assign(n_stream, 1);
+    tq_kmean_shared_pending = true;
+    return n_stream > 1;
+}
+
 // Before a ubatch is applied (and its graph built or reused): pick the modes (tq-kmean.h).
 // The fitted mean: one for the cache, SET / ZERO by the first ubatch into an empty cache,
 // KEEP after. In RoPE's frame: one per block of the ubatch (a stream each, tq_kmean_rf_streams):
-// into an empty cache SET or ZERO by the block's own tokens, the shared column from the first
-// block that SETs; into a busy cache KEEP, or INHERIT for a stream that holds no cell yet. The
-// graph's kind: KEEP when every block keeps, SET when one computes statistics, else ZERO
-// (columns chosen and written, no statistics).
+// a fresh stream (tq_kmean_batch_begin; any stream of an empty cache) SETs or ZEROes by the
+// block's own tokens, the shared column from the first block that SETs in a fresh batch; a
+// stream that holds cells KEEPs, one that holds none in a busy cache INHERITs. The graph's
+// kind: KEEP when every block keeps, SET when one computes statistics, else ZERO (columns
+// chosen and written, no statistics).
 void llama_kv_cache::tq_kmean_prepare(const llama_ubatch & ubatch) {
     if (!tq_kmean) {
         return;
@@ -679,21 +706,31 @@ void llama_kv_cache::tq_kmean_prepare(const llama_ubatch & ubatch) {
     const uint32_t nb = n_stream > 1 ? ubatch.n_seqs_unq : 1, per = ubatch.n_tokens / nb;
     GGML_ASSERT(nb >= 1 && per * nb == ubatch.n_tokens);
     const bool skip = tq_sink_reads();
+    if (empty) {
+        tq_kmean_shared_pending = true; // an empty cache starts fresh even without init_batch's call
+    }
     tq_kmean_blocks.assign(nb, TQ_KMEAN_KEEP);
-    tq_kmean_shared = empty ? -1 : -2; // -1: zeros, -2: the stored one, else the block whose SET it takes
-    bool any_set = false, any_new = empty;
+    tq_kmean_shared = -2; // -2: the stored one, -1: zeros, else the block whose SET it takes
+    bool any_set = false, any_new = false;
     for (uint32_t b = 0; b < nb; ++b) {
-        int8_t m;
-        if (empty) {
+        const uint32_t stream = seq_to_stream[ubatch.seq_id[b * per][0]];
+        const bool unused = v_cells[stream].get_used() == 0;
+        const bool fresh = unused && (empty || (stream < tq_kmean_fresh.size() && tq_kmean_fresh[stream]));
+        int8_t m = TQ_KMEAN_KEEP;
+        if (fresh) {
             m = tq_kmean_can_set(ubatch.pos + b * per, per, skip) ? TQ_KMEAN_SET : TQ_KMEAN_ZERO;
-            if (m == TQ_KMEAN_SET && tq_kmean_shared == -1) {
+            if (m == TQ_KMEAN_SET && tq_kmean_shared_pending) {
                 tq_kmean_shared = (int) b;
+                tq_kmean_shared_pending = false;
             }
-        } else {
-            m = v_cells[seq_to_stream[ubatch.seq_id[b * per][0]]].get_used() == 0 ? TQ_KMEAN_INHERIT : TQ_KMEAN_KEEP;
+            if (stream < tq_kmean_fresh.size()) {
+                tq_kmean_fresh[stream] = 0;
+            }
+        } else if (unused) {
+            m = TQ_KMEAN_INHERIT;
         }
         any_set = any_set || m == TQ_KMEAN_SET;
-        any_new = any_new || m != TQ_KMEAN_KEEP;
+        any_new = any_new || m != TQ_KMEAN_KEEP || tq_kmean_shared != -2;
         tq_kmean_blocks[b] = m;
     }
     tq_kmean_mode = any_set ? TQ_KMEAN_SET : any_new ? TQ_KMEAN_ZERO : TQ_KMEAN_KEEP;
