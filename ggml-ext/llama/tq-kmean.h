@@ -364,7 +364,9 @@ static inline ggml_tensor * tq_kmean_rf_streams(ggml_context * ctx, ggml_cgraph 
     const bool bal = F == tq_kmean_floats(hd, nkv, true);
     GGML_ASSERT(bal || F == tq_kmean_floats(hd, nkv, false));
     GGML_ASSERT(nb >= 1 && k->ne[2] % nb == 0 && streams->type == GGML_TYPE_I32 && k_mean->ne[1] >= nb + 1);
-    ggml_tensor * stored = ggml_get_rows(ctx, k_mean, streams);                                          // [F, nb + 1]
+    // one stream (a unified cache, one sequence): its column is a view, and a decode step has
+    // no gather node (each node of a CPU decode costs a thread barrier)
+    ggml_tensor * stored = k_mean->ne[1] == 2 && kind == TQ_KMEAN_KEEP ? k_mean : ggml_get_rows(ctx, k_mean, streams); // [F, nb + 1]
     ggml_tensor * use = stored;
     if (kind != TQ_KMEAN_KEEP) {
         GGML_ASSERT(sel && sel->type == GGML_TYPE_I32 && sel->ne[0] == nb + 1);

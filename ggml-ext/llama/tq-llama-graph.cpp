@@ -47,7 +47,7 @@ public:
             }
             ggml_backend_tensor_set(stat_w, w.data(), 0, ggml_nbytes(stat_w));
         }
-        if (streams) {
+        if (streams && streams->buffer) { // a one-stream KEEP graph reads its column as a view
             std::vector<int32_t> st(streams->ne[0]), sl(streams->ne[0]);
             kv->tq_kmean_fill_blocks(*ubatch, st.data(), sl.data(), streams->ne[0] - 1);
             ggml_backend_tensor_set(streams, st.data(), 0, ggml_nbytes(streams));
