@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check 2 of 2: a race check and the speed table, sized for an H200 machine in under 8
 # minutes once scripts/gpu-check.sh has built target/gpu-build (it builds it itself on a
-# fresh machine, which costs most of the budget). From the repo root, .gpu/ carried:
+# fresh machine, which costs most of the budget). From the repo root, with .gpu-model/,
+# .gpu/tokenizer.gguf and the gguf wheel carried (gpu-check's call left the tools):
 #
 #   scripts/gpu-bench.sh [RESULTS_DIR] [--dry-run]
 #   scripts/gpu-bench.sh --table bench.jsonl     # only print the table of a llama-bench run
@@ -140,7 +141,7 @@ done
 # turbo K terms as a mask per head read by the GQA kernel (3-32 queries per head), on the CPU
 # natively. KLD of each against the CPU's f16 logits. The model is SmolLM2-135M cut to its
 # first 10 blocks (scripts/truncate_gguf.py; the whole one does not travel), carried in
-# .gpu-model/ by this call (.gpu/ stays on the warm machine from gpu-check's call).
+# .gpu-model/ by this call (the tools stay on the warm machine from gpu-check's call).
 # The check compares CUDA0 with the CPU running the same lowered form (TQ_K_TERMS=lowered) and
 # fails above 1.15x of it: measured here on the CPU (2026-12-06), native 0.0127, lowered
 # 0.0119, the fitted mean without first keys (what CUDA ran before) 0.0153 = 1.28x lowered,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check 1 of 2: build and correctness, sized for a freshly started H200 machine (16
 # cores, nvcc 13, CMake, ninja, compute-sanitizer, no network) in under 8 minutes.
-# From the repo root, with .gpu/ (scripts/gpu-pack.sh) carried:
+# From the repo root, with .gpu/prebuilt-sm90.tar.xz and .gpu/sources.md5 carried
+# (scripts/gpu-pack.sh, scripts/gpu-prebuild.sh), or .gpu/ with the sources to build there:
 #
 #   scripts/gpu-check.sh [RESULTS_DIR] [--dry-run]
 #

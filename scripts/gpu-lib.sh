@@ -89,12 +89,18 @@ tq_build_tree() {
   fi
   local pack=${TQ_GPU_PACK:-$tq_repo/.gpu}
   if [ "$tq_dry" != 1 ]; then
-    [ -f "$pack/llama-src.tar.xz" ] && [ -f "$pack/libturboquant_capi.a.xz" ] || {
-      tq_fail "build: no .gpu/llama-src.tar.xz or .gpu/libturboquant_capi.a.xz (run scripts/gpu-pack.sh here, carry .gpu)"
+    # the sources' stamp: their md5 where they were carried, else the one gpu-pack.sh recorded
+    # (a call that carries only the prebuilt tools: the sources would not fit beside them)
+    local stamp have_src=0
+    if [ -f "$pack/llama-src.tar.xz" ] && [ -f "$pack/libturboquant_capi.a.xz" ]; then
+      have_src=1
+      stamp=$(cat "$pack/llama-src.tar.xz" "$pack/libturboquant_capi.a.xz" | md5sum | cut -d' ' -f1)
+    elif [ -f "$pack/sources.md5" ]; then
+      stamp=$(cat "$pack/sources.md5")
+    else
+      tq_fail "build: no .gpu/llama-src.tar.xz and .gpu/libturboquant_capi.a.xz, nor .gpu/sources.md5 with a prebuilt archive (run scripts/gpu-pack.sh here and carry them)"
       return 1
-    }
-    local stamp
-    stamp=$(cat "$pack/llama-src.tar.xz" "$pack/libturboquant_capi.a.xz" | md5sum | cut -d' ' -f1)
+    fi
     # tools built elsewhere by scripts/gpu-prebuild.sh from these very sources: no nvcc here
     local pre=$pack/prebuilt-sm90.tar.xz
     if [ -f "$pre" ] && [ -z "${TQ_CUDA_ARCHS:-}" ]; then
@@ -112,7 +118,19 @@ tq_build_tree() {
       fi
       rm -rf "$tq_bin"
       tq_log "build: .gpu/prebuilt-sm90.tar.xz is from other sources than .gpu/llama-src.tar.xz; building here"
+    elif [ -f "$tq_bin/.pack" ] && [ "$(cat "$tq_bin/.pack")" = "$stamp" ]; then
+      # unpacked by an earlier call on this warm machine (the archive is not carried again)
+      local cuda
+      cuda=$(dirname "$(dirname "$(tq_nvcc)")")
+      export LD_LIBRARY_PATH="$tq_bin:$cuda/lib64:$cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      tq_prebuilt=1
+      tq_pass "build: prebuilt for sm_90 elsewhere, unpacked by an earlier call (sources $stamp)"
+      return 0
     fi
+    [ "$have_src" = 1 ] || {
+      tq_fail "build: no prebuilt tools of sources $stamp here, and no sources to build (carry .gpu/llama-src.tar.xz and .gpu/libturboquant_capi.a.xz)"
+      return 1
+    }
     if [ "$(cat "$tq_src/.pack" 2>/dev/null)" != "$stamp" ]; then
       rm -rf "$tq_src" && mkdir -p "$tq_src"
       tar -C "$tq_src" --strip-components=1 -xJf "$pack/llama-src.tar.xz" || { tq_fail "build: unpacking the sources"; return 1; }

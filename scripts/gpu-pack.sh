@@ -10,9 +10,11 @@
 #   .gpu/gguf-*.whl          the gguf Python package for scripts/random_gguf.py
 # scripts/gpu-prebuild.sh then adds the tools built here (.gpu/prebuilt-sm90.tar.xz), and
 # --model makes .gpu-model/ (a trained model for gpu-bench.sh's quality step).
-# Then, with a GPU lent: device run, carry [".gpu"], command
-#   "scripts/gpu-check.sh $OUT/check", then (same warm machine: the build is reused; carry
-#   [".gpu-model"]) "scripts/gpu-bench.sh $OUT/bench".
+# Then, with a GPU lent (64 MiB travel per call): device run, carry
+#   [".gpu/prebuilt-sm90.tar.xz", ".gpu/sources.md5"] (without a prebuilt archive: [".gpu"],
+#   and the machine builds), command "scripts/gpu-check.sh $OUT/check"; then on the same warm
+#   machine (the unpacked tools are reused) carry [".gpu-model", ".gpu/tokenizer.gguf",
+#   ".gpu/gguf-0.19.0-py3-none-any.whl"], command "scripts/gpu-bench.sh $OUT/bench".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
@@ -26,6 +28,8 @@ tar -C "$(dirname "$src")" -cJf .gpu/llama-src.tar.xz \
   --exclude="$(basename "$src")/benches" --exclude="$(basename "$src")/tools/ui" \
   --exclude='*.gguf' --exclude=.git "$(basename "$src")"
 xz -T0 -c target/release/libturboquant_capi.a > .gpu/libturboquant_capi.a.xz
+# the sources' stamp, for a call that carries the prebuilt tools without them (gpu-lib.sh)
+cat .gpu/llama-src.tar.xz .gpu/libturboquant_capi.a.xz | md5sum | cut -d' ' -f1 > .gpu/sources.md5
 
 cache=${TQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/turboquant}
 model=${TQ_MODEL:-$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}

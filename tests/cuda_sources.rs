@@ -672,6 +672,34 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
             s.contains("PASS tq-parity: parity: identical (prebuilt stand-in)"),
             "{s}"
         );
+        // the check's own call carries only the archive and the recorded stamp (the sources do
+        // not fit beside it): taken on a fresh machine, and a later call on the warm machine
+        // (nothing of .gpu carried) uses what the first unpacked
+        let srcs = [
+            pack.join("llama-src.tar.xz"),
+            pack.join("libturboquant_capi.a.xz"),
+        ];
+        for f in &srcs {
+            std::fs::remove_file(f).unwrap();
+        }
+        std::fs::write(pack.join("sources.md5"), md5("sourcescodec")).unwrap();
+        let (code, s) = run("scripts/gpu-check.sh", &d, &envs(&d.join("build-pre")));
+        assert_eq!(code, 0, "{s}");
+        assert!(
+            s.contains("PASS build: prebuilt for sm_90 elsewhere (.gpu/prebuilt-sm90.tar.xz"),
+            "{s}"
+        );
+        std::fs::remove_file(pack.join("prebuilt-sm90.tar.xz")).unwrap();
+        let (code, s) = run("scripts/gpu-check.sh", &d, &envs(&d.join("build-pre")));
+        assert_eq!(code, 0, "{s}");
+        assert!(s.contains("unpacked by an earlier call"), "{s}");
+        // no archive, no unpacked tools, no sources: a failed build that says what to carry
+        let (code, s) = run("scripts/gpu-check.sh", &d, &envs(&d.join("build-none")));
+        assert_eq!(code, 1, "{s}");
+        assert!(s.contains("no sources to build"), "{s}");
+        std::fs::remove_file(pack.join("sources.md5")).unwrap();
+        std::fs::write(&srcs[0], b"sources").unwrap();
+        std::fs::write(&srcs[1], b"codec").unwrap();
         // built from other sources: not taken
         pack_archive(&md5("other sources"));
         let (code, s) = run("scripts/gpu-check.sh", &d, &envs(&d.join("build2")));
