@@ -78,6 +78,16 @@ tq_finish() {
 
 tq_nvcc() { command -v nvcc || echo /usr/local/cuda/bin/nvcc; }
 
+# tq_use_prebuilt <what>: run the unpacked prebuilt tools, with cuBLAS and the driver from this
+# machine's CUDA install and the rest beside the tools.
+tq_use_prebuilt() {
+  local cuda
+  cuda=$(dirname "$(dirname "$(tq_nvcc)")")
+  export LD_LIBRARY_PATH="$tq_bin:$cuda/lib64:$cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  tq_prebuilt=1
+  tq_pass "build: prebuilt for sm_90 elsewhere $1"
+}
+
 # tq_build_tree <targets...>: unpacks .gpu/ (once per pack), configures and builds.
 # Reduced for a short visit: sm_90 only (TQ_CUDA_ARCHS), upstream's f16-f16 and q8_0-q8_0
 # vector kernels only (GGML_CUDA_FA_QUANTS), our 21 turbo pairs at head sizes 64 and 128
@@ -108,23 +118,14 @@ tq_build_tree() {
         rm -rf "$tq_bin" && mkdir -p "$tq_build" && xz -dc "$pre" | tar -C "$tq_build" -xf -
       fi
       if [ "$(cat "$tq_bin/.pack" 2>/dev/null)" = "$stamp" ]; then
-        # cuBLAS and the driver from this machine's CUDA install, the rest beside the tools
-        local cuda
-        cuda=$(dirname "$(dirname "$(tq_nvcc)")")
-        export LD_LIBRARY_PATH="$tq_bin:$cuda/lib64:$cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-        tq_prebuilt=1
-        tq_pass "build: prebuilt for sm_90 elsewhere (.gpu/prebuilt-sm90.tar.xz, sources $stamp)"
+        tq_use_prebuilt "(.gpu/prebuilt-sm90.tar.xz, sources $stamp)"
         return 0
       fi
       rm -rf "$tq_bin"
       tq_log "build: .gpu/prebuilt-sm90.tar.xz is from other sources than .gpu/llama-src.tar.xz; building here"
     elif [ -f "$tq_bin/.pack" ] && [ "$(cat "$tq_bin/.pack")" = "$stamp" ]; then
       # unpacked by an earlier call on this warm machine (the archive is not carried again)
-      local cuda
-      cuda=$(dirname "$(dirname "$(tq_nvcc)")")
-      export LD_LIBRARY_PATH="$tq_bin:$cuda/lib64:$cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      tq_prebuilt=1
-      tq_pass "build: prebuilt for sm_90 elsewhere, unpacked by an earlier call (sources $stamp)"
+      tq_use_prebuilt ", unpacked by an earlier call (sources $stamp)"
       return 0
     fi
     [ "$have_src" = 1 ] || {

@@ -10,6 +10,7 @@
 
 mod support;
 
+use std::path::Path;
 use support::server::Server;
 use support::slots::*;
 
@@ -297,6 +298,26 @@ fn live_slot_run(srv: &mut Server, file: Option<&str>) -> (Completion, Completio
     (first, next)
 }
 
+/// Slot 1's answers `first` and `next` equal a fresh server's (`more` its extra flags) that
+/// ran PROMPT_B in slot 1 with nothing restored: `what` did not touch the live slot.
+fn same_as_untouched_server(
+    dir: &Path,
+    more: &[&str],
+    first: &Completion,
+    next: &Completion,
+    what: &str,
+) {
+    let mut reference = slot_server(dir, 2, more);
+    let (rfirst, rnext) = live_slot_run(&mut reference, None);
+    reference.stop();
+    assert_eq!(first.content, rfirst.content);
+    assert_eq!(
+        (&next.tokens, &next.content),
+        (&rnext.tokens, &rnext.content),
+        "slot 1's continuation changed by {what}"
+    );
+}
+
 /// `-np 2 -kvu` (one stream for both slots, so one set of K statistics): a state saved from
 /// slot 0 (mean of prompt A) restored into slot 0 while slot 1 is live with the mean of prompt
 /// B: refused (the cache's other keys were stored with another mean), slot 1's continuation
@@ -316,15 +337,7 @@ fn restore_into_a_busy_unified_cache_with_another_mean_is_refused_and_the_live_s
     assert_eq!(r.code, 200, "restore into the emptied cache: {}", r.body);
     srv.stop();
 
-    let mut reference = slot_server(&dir, 2, &["-kvu"]);
-    let (rfirst, rnext) = live_slot_run(&mut reference, None);
-    reference.stop();
-    assert_eq!(first.content, rfirst.content);
-    assert_eq!(
-        (next.tokens.clone(), next.content.clone()),
-        (rnext.tokens, rnext.content),
-        "slot 1's continuation changed by the refused restore"
-    );
+    same_as_untouched_server(&dir, &["-kvu"], &first, &next, "the refused restore");
     eprintln!("live slot continuation: {:?}", next.content);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -362,15 +375,7 @@ fn restore_into_an_empty_stream_of_a_busy_cache_keeps_its_own_mean() {
     let next = complete(&srv, 1, &bb, 16);
     srv.stop();
 
-    let mut reference = slot_server(&dir, 2, &[]);
-    let (rfirst, rnext) = live_slot_run(&mut reference, None);
-    reference.stop();
-    assert_eq!(first.content, rfirst.content);
-    assert_eq!(
-        (next.tokens.clone(), next.content.clone()),
-        (rnext.tokens, rnext.content),
-        "slot 1's continuation changed by the restore into slot 0"
-    );
+    same_as_untouched_server(&dir, &[], &first, &next, "the restore into slot 0");
     eprintln!("restored slot continuation: {:?}", restored_next.content);
     let _ = std::fs::remove_dir_all(&dir);
 }
