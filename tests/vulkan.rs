@@ -3,9 +3,10 @@
 //! whatever `GGML_VK_VISIBLE_DEVICES` names. ggml-vulkan skips CPU-type devices unless that
 //! variable lists them, so the tests set it to `0` (the first device) when it is unset.
 //!
-//! - the Vulkan device takes the ops of turbo2/3/4 caches and refuses the rest
-//!   (ggml-ext/ggml-vulkan/tq-vulkan.h), asked through ggml's backend API, and its encode and
-//!   decode give the Rust codec's bytes and floats exactly (ggml-ext/tests/backend_turbo.cpp);
+//! - the Vulkan device takes the ops of turbo2/3/4 and turbo3_tcq/turbo2_tcq caches and refuses
+//!   the rest (ggml-ext/ggml-vulkan/tq-vulkan.h), asked through ggml's backend API, and its
+//!   encode (the trellis types' Viterbi search included) and decode give the Rust codec's bytes
+//!   and floats exactly (ggml-ext/tests/backend_turbo.cpp);
 //! - llama.cpp's test-backend-ops runs every turbo case of ggml-ext/tests/tq-backend-ops.inc
 //!   that the device takes against the CPU backend;
 //! - llama-perplexity with every layer on the device (`-ngl 99`) matches the CPU backend's
@@ -86,9 +87,9 @@ fn vulkan_device_takes_the_turbo_ops_it_has_shaders_for() {
     }
     let name = CString::new("Vulkan").unwrap();
     let mut buf = [0 as c_char; 512];
-    // 1: turbo2/3/4 taken (MUL_MAT with an f32 B too, not with an f16 one), the trellis types
-    // refused (lavapipe has shaderFloat64)
-    let rc = unsafe { tq_test_backend_turbo_ops(name.as_ptr(), 0, 1, buf.as_mut_ptr(), buf.len()) };
+    // 2: turbo2/3/4 and the trellis types taken (MUL_MAT with an f32 B too, not with an f16
+    // one; lavapipe has shaderFloat64, which the encoders need)
+    let rc = unsafe { tq_test_backend_turbo_ops(name.as_ptr(), 0, 2, buf.as_mut_ptr(), buf.len()) };
     let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
     assert_eq!(rc, 0, "{msg}");
 }
@@ -184,18 +185,18 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
         return;
     }
     let t = std::time::Instant::now();
-    // SET_ROWS (i32/i64 rows, views), GET_ROWS (f32/f16 out, views), CPY both ways: 8 + 4 + 1
-    // + 2 cases per type for turbo2/3/4 (the trellis types are refused, so they count as
-    // unsupported, not as passed)
+    // SET_ROWS (i32/i64 rows, views), GET_ROWS (f32/f16 out, views), CPY both ways: 8 + 5 + 2
+    // + 1 cases per type, for turbo2/3/4 and the trellis types
     let (passed, supported) = backend_ops("SET_ROWS,GET_ROWS,CPY", "turbo");
     assert_eq!(passed, supported);
-    assert!(supported >= 3 * 15, "only {supported} turbo cases ran");
+    assert!(supported >= 5 * 15, "only {supported} turbo cases ran");
     // MUL_MAT with a turbo A (flash attention off: KQ over the K view), one case per process:
     // lavapipe 22.3 corrupts its heap when one process runs mat-vec and matmul cases one after
     // the other (upstream's own f16/f32 cases too, docs/VULKAN.md). Per type: one query
     // (mul_mat_vec), 7 and 64 (the matmul), a contiguous K with GQA broadcast and a permuted
     // view, default and f32 precision, and llama's KQ of SmolLM2 at 2 and 32 queries
     let mut mm = 0;
+    let mut mm_cases = Vec::new();
     for t in ["turbo2", "turbo3", "turbo4"] {
         let mut shapes = Vec::new();
         for n in [1, 7, 64] {
@@ -209,14 +210,29 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
             shapes.push(format!("m=256,n={n},k=64,bs=\\[3,1\\],.*prec=f32"));
         }
         for shape in shapes {
-            let filter = format!("type_a={t},type_b=f32,{shape}");
-            let (passed, supported) = backend_ops("MUL_MAT", &filter);
-            assert!(
-                passed == supported && supported == 1,
-                "{filter}: {passed}/{supported}"
-            );
-            mm += 1;
+            mm_cases.push((t, shape));
         }
+    }
+    // the trellis types share tq_vk_mul_mat with the others; their decode shader is what
+    // differs: into f16 for mul_mat_vec (one query), into f32 from a permuted view (prec=f32),
+    // and llama's KQ of SmolLM2 at 32 queries
+    for t in ["turbo3_tcq", "turbo2_tcq"] {
+        for shape in [
+            "m=256,n=1,k=128,.*pad=0$",
+            "m=96,n=7,k=64,.*prec=f32",
+            "m=256,n=32,k=64,bs=\\[3,1\\],.*prec=f32",
+        ] {
+            mm_cases.push((t, shape.to_string()));
+        }
+    }
+    for (t, shape) in mm_cases {
+        let filter = format!("type_a={t},type_b=f32,{shape}");
+        let (passed, supported) = backend_ops("MUL_MAT", &filter);
+        assert!(
+            passed == supported && supported == 1,
+            "{filter}: {passed}/{supported}"
+        );
+        mm += 1;
     }
     // flash attention: head sizes 64 and 128 for the symmetric pairs (decode, prefill, softcap,
     // sinks and the GQA shapes), 256 for turbo4, the mixed pairs at 128

@@ -81,7 +81,7 @@ layout (binding = 2) readonly buffer V_PACKED_TURBO2_TCQ { tq_fa_turbo2_tcq data
     case uint(TQ_TURBO2_GGML_TYPE): TQ_FA_DEQUANT4_TURBO2(kv##_packed_turbo2)              \
     case uint(TQ_TURBO3_GGML_TYPE): TQ_FA_DEQUANT4_TURBO3(kv##_packed_turbo3)              \
     case uint(TQ_TURBO4_GGML_TYPE): TQ_FA_DEQUANT4_TURBO4(kv##_packed_turbo4)              \
-    case uint(TQ_TURBO3_TCQ_GGML_TYPE): TQ_FA_DEQUANT4_TCQ(kv##_packed_turbo3_tcq, 3u, TQ_TCQ3_TABLE) \
-    case uint(TQ_TURBO2_TCQ_GGML_TYPE): TQ_FA_DEQUANT4_TCQ(kv##_packed_turbo2_tcq, 2u, TQ_TCQ2_TABLE)
+    case uint(TQ_TURBO3_TCQ_GGML_TYPE): TQ_FA_DEQUANT4_TCQ(kv##_packed_turbo3_tcq, 3u, tq_tcq3_lut) \
+    case uint(TQ_TURBO2_TCQ_GGML_TYPE): TQ_FA_DEQUANT4_TCQ(kv##_packed_turbo2_tcq, 2u, tq_tcq2_lut)
 
 #endif

@@ -19,6 +19,13 @@
 #error "the Vulkan trellis shaders are written for 8-bit states and k = 3 / 2 (one byte per state)"
 #endif
 
+// The tables as private arrays, read through these names: a const array indexed at run time
+// makes glslang copy all of it into a function variable at each such index (flash attention's
+// shader had 40 copies of 1 KB, which lavapipe compiled for over ten minutes per pipeline);
+// a global variable is one array, the generated header stays the one source of its values.
+float tq_tcq3_lut[256] = TQ_TCQ3_TABLE;
+float tq_tcq2_lut[256] = TQ_TCQ2_TABLE;
+
 // The stream bit where value t's window starts: k t + k - 8, modulo the 64 k payload bits.
 #define TQ_TCQ_P0(K, t) (((K) * (t) + (K) + 64u * (K) - 8u) % (64u * (K)))
 
@@ -44,10 +51,10 @@
 #if defined(TQ_TCQ_K)
 #if TQ_TCQ_K == 3
 #define TQ_BLOCK_BYTES TQ_TURBO3_TCQ_BLOCK_BYTES
-#define TQ_TCQ_TABLE TQ_TCQ3_TABLE
+#define TQ_TCQ_TABLE tq_tcq3_lut
 #elif TQ_TCQ_K == 2
 #define TQ_BLOCK_BYTES TQ_TURBO2_TCQ_BLOCK_BYTES
-#define TQ_TCQ_TABLE TQ_TCQ2_TABLE
+#define TQ_TCQ_TABLE tq_tcq2_lut
 #else
 #error "TQ_TCQ_K must be 3 or 2"
 #endif
