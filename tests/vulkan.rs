@@ -196,8 +196,7 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
     // (mul_mat_vec), 7 and 64 (the matmul), a contiguous K with GQA broadcast and a permuted
     // view, default and f32 precision, and llama's KQ of SmolLM2 at 2 and 32 queries
     let mut mm = 0;
-    let mut mm_cases = Vec::new();
-    for t in ["turbo2", "turbo3", "turbo4"] {
+    for t in ["turbo2", "turbo3", "turbo4", "turbo3_tcq", "turbo2_tcq"] {
         let mut shapes = Vec::new();
         for n in [1, 7, 64] {
             for (m, k) in [(256, 128), (96, 64)] {
@@ -210,29 +209,14 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
             shapes.push(format!("m=256,n={n},k=64,bs=\\[3,1\\],.*prec=f32"));
         }
         for shape in shapes {
-            mm_cases.push((t, shape));
+            let filter = format!("type_a={t},type_b=f32,{shape}");
+            let (passed, supported) = backend_ops("MUL_MAT", &filter);
+            assert!(
+                passed == supported && supported == 1,
+                "{filter}: {passed}/{supported}"
+            );
+            mm += 1;
         }
-    }
-    // the trellis types share tq_vk_mul_mat with the others; their decode shader is what
-    // differs: into f16 for mul_mat_vec (one query), into f32 from a permuted view (prec=f32),
-    // and llama's KQ of SmolLM2 at 32 queries
-    for t in ["turbo3_tcq", "turbo2_tcq"] {
-        for shape in [
-            "m=256,n=1,k=128,.*pad=0$",
-            "m=96,n=7,k=64,.*prec=f32",
-            "m=256,n=32,k=64,bs=\\[3,1\\],.*prec=f32",
-        ] {
-            mm_cases.push((t, shape.to_string()));
-        }
-    }
-    for (t, shape) in mm_cases {
-        let filter = format!("type_a={t},type_b=f32,{shape}");
-        let (passed, supported) = backend_ops("MUL_MAT", &filter);
-        assert!(
-            passed == supported && supported == 1,
-            "{filter}: {passed}/{supported}"
-        );
-        mm += 1;
     }
     // flash attention: head sizes 64 and 128 for the symmetric pairs (decode, prefill, softcap,
     // sinks and the GQA shapes), 256 for turbo4, the mixed pairs at 128
@@ -272,6 +256,17 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
                 fa += supported;
             }
         }
+    }
+    // the trellis types at head size 128, decode shapes (one and two queries over 512 keys,
+    // softcap over 256): 3 cases per pair, about 65 s each on lavapipe at load 5
+    for t in ["turbo3_tcq", "turbo2_tcq"] {
+        let filter = format!("hsk=128,.*nb=(1|2),.*type_K={t},type_V={t},");
+        let (passed, supported) = backend_ops("FLASH_ATTN_EXT", &filter);
+        assert!(
+            passed == supported && supported == 3,
+            "{filter}: {passed}/{supported}"
+        );
+        fa += supported;
     }
     eprintln!(
         "test-backend-ops on Vulkan0: {supported} SET_ROWS/GET_ROWS/CPY, {mm} MUL_MAT and {fa} \
