@@ -11,7 +11,8 @@
 //!   that the device takes against the CPU backend;
 //! - llama-perplexity with every layer on the device (`-ngl 99`) matches the CPU backend's
 //!   logits, with f16 and with turbo caches (which now live on the device), flash attention on
-//!   and, for turbo4 K, off (KQ as MUL_MAT over the turbo K view on the device).
+//!   and, for turbo4 K, off (KQ as MUL_MAT over the turbo K view on the device), and with a
+//!   turbo3_tcq cache on the device against the CPU's same run.
 //!
 //! Without a Vulkan device the tests say so and pass, except under `CI=true`, where they fail:
 //! CI installs lavapipe, so a missing device there is a broken setup, not a skip.
@@ -444,6 +445,47 @@ fn perplexity_with_flash_attention_off_keeps_kq_on_vulkan() {
     assert!(
         kld_vk.is_finite() && (kld_vk - kld_cpu).abs() <= TURBO_KLD_GAP,
         "turbo4/f16 -fa off: Vulkan KLD {kld_vk} is more than {TURBO_KLD_GAP} from the CPU's {kld_cpu}"
+    );
+}
+
+/// turbo3_tcq K and V with the cache on the device (the trellis encoder in SET_ROWS, the decode
+/// in flash attention and in the prefill's decoded keys, the K terms lowered) against the CPU's
+/// same run, both paired with the CPU's f16 logits. A trellis code answers a rounding-level
+/// change of its input with another path through the trellis (another realisation of the same
+/// quantization noise), where a scalar code keeps almost every index, so the two backends'
+/// KLDs differ more than turbo's: measured at 2 x 256 Vulkan0 0.05688 against the CPU's
+/// 0.04782 (0.0091; chunk 1 0.0493 / 0.0380), at 6 x 256 0.06060 against 0.05769 (0.0029;
+/// Vulkan0 higher in chunks 1-3, lower in 4-6); the CPU against itself with the f32 prefill
+/// kernel (TQ_PREFILL_DECODE=1) 0.04408 and 0.05896. The device's bytes and floats are the
+/// codec's exactly (vulkan_turbo_encode_and_decode_are_the_rust_codecs); a wrong decode or
+/// encode moves the KLD by far more (the K mean alone: 0.14 without it). About 2.5 minutes.
+const TCQ_KLD_GAP: f64 = 0.015;
+
+#[test]
+fn perplexity_with_a_trellis_cache_on_vulkan_matches_the_cpu() {
+    if !device_or_skip("perplexity_with_a_trellis_cache_on_vulkan_matches_the_cpu") {
+        return;
+    }
+    let text = corpus();
+    let base = std::env::temp_dir().join(format!("tq-vulkan-tcq-base-{}.bin", std::process::id()));
+    ppl_run(&text, &base, true, false, "f16", "f16", &[]);
+    let out = ppl_run(&text, &base, false, true, "turbo3_tcq", "turbo3_tcq", &[]);
+    assert!(
+        out.contains("Vulkan0 KV buffer size") && !out.contains("has no kernels for a"),
+        "turbo3_tcq: the KV cache is not on Vulkan0:\n{out}"
+    );
+    assert!(
+        out.contains("splits = 2 / 2"),
+        "turbo3_tcq: the graph is split (an op left the device):\n{out}"
+    );
+    let kld_vk = value(&out, "Mean    KLD:");
+    let out = ppl_run(&text, &base, false, false, "turbo3_tcq", "turbo3_tcq", &[]);
+    let kld_cpu = value(&out, "Mean    KLD:");
+    let _ = std::fs::remove_file(&base);
+    eprintln!("turbo3_tcq: Vulkan0 KLD {kld_vk:.6}, CPU {kld_cpu:.6} (max gap {TCQ_KLD_GAP})");
+    assert!(
+        kld_vk.is_finite() && (kld_vk - kld_cpu).abs() <= TCQ_KLD_GAP,
+        "turbo3_tcq: Vulkan KLD {kld_vk} is more than {TCQ_KLD_GAP} from the CPU's {kld_cpu}"
     );
 }
 
