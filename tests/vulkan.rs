@@ -3,14 +3,16 @@
 //! whatever `GGML_VK_VISIBLE_DEVICES` names. ggml-vulkan skips CPU-type devices unless that
 //! variable lists them, so the tests set it to `0` (the first device) when it is unset.
 //!
-//! - the Vulkan device takes the ops of turbo2/3/4 caches and refuses the rest
-//!   (ggml-ext/ggml-vulkan/tq-vulkan.h), asked through ggml's backend API, and its encode and
-//!   decode give the Rust codec's bytes and floats exactly (ggml-ext/tests/backend_turbo.cpp);
+//! - the Vulkan device takes the ops of turbo2/3/4 and turbo3_tcq/turbo2_tcq caches and refuses
+//!   the rest (ggml-ext/ggml-vulkan/tq-vulkan.h), asked through ggml's backend API, and its
+//!   encode (the trellis types' Viterbi search included) and decode give the Rust codec's bytes
+//!   and floats exactly (ggml-ext/tests/backend_turbo.cpp);
 //! - llama.cpp's test-backend-ops runs every turbo case of ggml-ext/tests/tq-backend-ops.inc
 //!   that the device takes against the CPU backend;
 //! - llama-perplexity with every layer on the device (`-ngl 99`) matches the CPU backend's
 //!   logits, with f16 and with turbo caches (which now live on the device), flash attention on
-//!   and, for turbo4 K, off (KQ as MUL_MAT over the turbo K view on the device).
+//!   and, for turbo4 K, off (KQ as MUL_MAT over the turbo K view on the device), and with a
+//!   turbo3_tcq cache on the device against the CPU's same run.
 //!
 //! Without a Vulkan device the tests say so and pass, except under `CI=true`, where they fail:
 //! CI installs lavapipe, so a missing device there is a broken setup, not a skip.
@@ -86,9 +88,9 @@ fn vulkan_device_takes_the_turbo_ops_it_has_shaders_for() {
     }
     let name = CString::new("Vulkan").unwrap();
     let mut buf = [0 as c_char; 512];
-    // 1: turbo2/3/4 taken (MUL_MAT with an f32 B too, not with an f16 one), the trellis types
-    // refused (lavapipe has shaderFloat64)
-    let rc = unsafe { tq_test_backend_turbo_ops(name.as_ptr(), 0, 1, buf.as_mut_ptr(), buf.len()) };
+    // 2: turbo2/3/4 and the trellis types taken (MUL_MAT with an f32 B too, not with an f16
+    // one; lavapipe has shaderFloat64, which the encoders need)
+    let rc = unsafe { tq_test_backend_turbo_ops(name.as_ptr(), 0, 2, buf.as_mut_ptr(), buf.len()) };
     let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
     assert_eq!(rc, 0, "{msg}");
 }
@@ -184,19 +186,18 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
         return;
     }
     let t = std::time::Instant::now();
-    // SET_ROWS (i32/i64 rows, views), GET_ROWS (f32/f16 out, views), CPY both ways: 8 + 4 + 1
-    // + 2 cases per type for turbo2/3/4 (the trellis types are refused, so they count as
-    // unsupported, not as passed)
+    // SET_ROWS (i32/i64 rows, views), GET_ROWS (f32/f16 out, views), CPY both ways: 8 + 5 + 2
+    // + 1 cases per type, for turbo2/3/4 and the trellis types
     let (passed, supported) = backend_ops("SET_ROWS,GET_ROWS,CPY", "turbo");
     assert_eq!(passed, supported);
-    assert!(supported >= 3 * 15, "only {supported} turbo cases ran");
+    assert!(supported >= 5 * 15, "only {supported} turbo cases ran");
     // MUL_MAT with a turbo A (flash attention off: KQ over the K view), one case per process:
     // lavapipe 22.3 corrupts its heap when one process runs mat-vec and matmul cases one after
     // the other (upstream's own f16/f32 cases too, docs/VULKAN.md). Per type: one query
     // (mul_mat_vec), 7 and 64 (the matmul), a contiguous K with GQA broadcast and a permuted
     // view, default and f32 precision, and llama's KQ of SmolLM2 at 2 and 32 queries
     let mut mm = 0;
-    for t in ["turbo2", "turbo3", "turbo4"] {
+    for t in ["turbo2", "turbo3", "turbo4", "turbo3_tcq", "turbo2_tcq"] {
         let mut shapes = Vec::new();
         for n in [1, 7, 64] {
             for (m, k) in [(256, 128), (96, 64)] {
@@ -256,6 +257,17 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
                 fa += supported;
             }
         }
+    }
+    // the trellis types at head size 128, decode shapes (one and two queries over 512 keys,
+    // softcap over 256): 3 cases per pair, about 65 s each on lavapipe at load 5
+    for t in ["turbo3_tcq", "turbo2_tcq"] {
+        let filter = format!("hsk=128,.*nb=(1|2),.*type_K={t},type_V={t},");
+        let (passed, supported) = backend_ops("FLASH_ATTN_EXT", &filter);
+        assert!(
+            passed == supported && supported == 3,
+            "{filter}: {passed}/{supported}"
+        );
+        fa += supported;
     }
     eprintln!(
         "test-backend-ops on Vulkan0: {supported} SET_ROWS/GET_ROWS/CPY, {mm} MUL_MAT and {fa} \
@@ -433,6 +445,47 @@ fn perplexity_with_flash_attention_off_keeps_kq_on_vulkan() {
     assert!(
         kld_vk.is_finite() && (kld_vk - kld_cpu).abs() <= TURBO_KLD_GAP,
         "turbo4/f16 -fa off: Vulkan KLD {kld_vk} is more than {TURBO_KLD_GAP} from the CPU's {kld_cpu}"
+    );
+}
+
+/// turbo3_tcq K and V with the cache on the device (the trellis encoder in SET_ROWS, the decode
+/// in flash attention and in the prefill's decoded keys, the K terms lowered) against the CPU's
+/// same run, both paired with the CPU's f16 logits. A trellis code answers a rounding-level
+/// change of its input with another path through the trellis (another realisation of the same
+/// quantization noise), where a scalar code keeps almost every index, so the two backends'
+/// KLDs differ more than turbo's: measured at 2 x 256 Vulkan0 0.05688 against the CPU's
+/// 0.04782 (0.0091; chunk 1 0.0493 / 0.0380), at 6 x 256 0.06060 against 0.05769 (0.0029;
+/// Vulkan0 higher in chunks 1-3, lower in 4-6); the CPU against itself with the f32 prefill
+/// kernel (TQ_PREFILL_DECODE=1) 0.04408 and 0.05896. The device's bytes and floats are the
+/// codec's exactly (vulkan_turbo_encode_and_decode_are_the_rust_codecs); a wrong decode or
+/// encode moves the KLD by far more (the K mean alone: 0.14 without it). About 2.5 minutes.
+const TCQ_KLD_GAP: f64 = 0.015;
+
+#[test]
+fn perplexity_with_a_trellis_cache_on_vulkan_matches_the_cpu() {
+    if !device_or_skip("perplexity_with_a_trellis_cache_on_vulkan_matches_the_cpu") {
+        return;
+    }
+    let text = corpus();
+    let base = std::env::temp_dir().join(format!("tq-vulkan-tcq-base-{}.bin", std::process::id()));
+    ppl_run(&text, &base, true, false, "f16", "f16", &[]);
+    let out = ppl_run(&text, &base, false, true, "turbo3_tcq", "turbo3_tcq", &[]);
+    assert!(
+        out.contains("Vulkan0 KV buffer size") && !out.contains("has no kernels for a"),
+        "turbo3_tcq: the KV cache is not on Vulkan0:\n{out}"
+    );
+    assert!(
+        out.contains("splits = 2 / 2"),
+        "turbo3_tcq: the graph is split (an op left the device):\n{out}"
+    );
+    let kld_vk = value(&out, "Mean    KLD:");
+    let out = ppl_run(&text, &base, false, false, "turbo3_tcq", "turbo3_tcq", &[]);
+    let kld_cpu = value(&out, "Mean    KLD:");
+    let _ = std::fs::remove_file(&base);
+    eprintln!("turbo3_tcq: Vulkan0 KLD {kld_vk:.6}, CPU {kld_cpu:.6} (max gap {TCQ_KLD_GAP})");
+    assert!(
+        kld_vk.is_finite() && (kld_vk - kld_cpu).abs() <= TCQ_KLD_GAP,
+        "turbo3_tcq: Vulkan KLD {kld_vk} is more than {TCQ_KLD_GAP} from the CPU's {kld_cpu}"
     );
 }
 

@@ -3,7 +3,8 @@
  *
  * Value t of a block decodes to d * TQ_TCQ<k>_TABLE[s_t], s_t the L-bit window of
  * payload bits [k t + k - L, k t + k) mod 64 k, MSB-first (docs/TCQ.md).
- * Define TQ_TABLE_ATTR (e.g. __device__) before including to place the tables.
+ * Define TQ_TABLE_ATTR (e.g. __device__) before including to place the tables;
+ * GLSL defines TQ_TABLE_STATIC empty (as for turboquant_tables.h).
  */
 #ifndef TURBOQUANT_TCQ_TABLES_H
 #define TURBOQUANT_TCQ_TABLES_H
@@ -11,10 +12,13 @@
 #ifndef TQ_TABLE_ATTR
 #define TQ_TABLE_ATTR
 #endif
+#ifndef TQ_TABLE_STATIC
+#define TQ_TABLE_STATIC static
+#endif
 
 #define TQ_TCQ3_L 8
 #define TQ_TCQ3_K 3
-TQ_TABLE_ATTR static const float TQ_TCQ3_TABLE[256] = {
+TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_TCQ3_TABLE[256] = {
     0.025710715f, 0.46929857f, -0.42428723f, 1.7471958f, 0.8278044f, -1.271172f, 1.1812627f, -0.77122694f,
     -1.2045442f, -0.31285885f, 0.24798103f, 0.36386323f, 0.7203186f, -0.74752665f, 1.0700374f, -0.17158027f,
     -0.9466853f, 0.21777664f, -0.72247136f, 0.13591528f, -0.23018833f, -0.33176222f, -1.108871f, 0.55571574f,
@@ -51,7 +55,7 @@ TQ_TABLE_ATTR static const float TQ_TCQ3_TABLE[256] = {
 
 #define TQ_TCQ2_L 8
 #define TQ_TCQ2_K 2
-TQ_TABLE_ATTR static const float TQ_TCQ2_TABLE[256] = {
+TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_TCQ2_TABLE[256] = {
     0.08899793f, 1.4990633f, 0.7242074f, -1.103538f, 0.41019082f, -0.5513004f, -0.9522461f, 1.9152931f,
     -0.3740092f, -0.99558467f, -1.9986926f, -0.24065684f, 1.3094975f, -1.3220637f, 0.35592416f, -0.28759512f,
     1.6141484f, 0.22495587f, 0.5330042f, 0.7856536f, -0.6786415f, 1.0922583f, 2.0099351f, -0.2087043f,

@@ -1,6 +1,7 @@
 # Included by the patched ggml/src/ggml-vulkan/CMakeLists.txt right after the ggml-vulkan target
 # is defined (GGML_VULKAN=ON). It compiles our shaders (ggml-ext/ggml-vulkan/shaders/*.comp: the
-# turbo encode for SET_ROWS/CPY and the decode for GET_ROWS/CPY and MUL_MAT's turbo K) with the glslc upstream found,
+# turbo and trellis encoders for SET_ROWS/CPY and the decode for GET_ROWS/CPY and MUL_MAT's turbo
+# K) with the glslc upstream found,
 # embeds their SPIR-V in a generated tq-vulkan-shaders.cpp, and gives ggml-vulkan.cpp our glue
 # (ggml-ext/ggml-vulkan/tq-vulkan.h). The flash attention decode of turbo K/V is compiled by
 # upstream's vulkan-shaders-gen, which the patch points at the same folder (--tq-include).
@@ -23,6 +24,18 @@ foreach(_tq_bits 2 3 4)
         "cpy_${_t}_f16|tq_decode.comp|TQ_BITS=${_tq_bits},D_TYPE=float16_t"
         "get_rows_${_t}|tq_decode.comp|TQ_BITS=${_tq_bits},TQ_GET_ROWS=1,D_TYPE=float16_t"
         "get_rows_${_t}_f32|tq_decode.comp|TQ_BITS=${_tq_bits},TQ_GET_ROWS=1,D_TYPE=float")
+endforeach()
+# the trellis types: their own encoder (a Viterbi search per block), the same decode interfaces
+foreach(_tq_k 3 2)
+    set(_t "turbo${_tq_k}_tcq")
+    list(APPEND _tq_vk_variants
+        "set_rows_f32_${_t}_i32|tq_tcq_encode.comp|TQ_TCQ_K=${_tq_k},TQ_SET_ROWS=1,B_TYPE=uint,B_SIZE=32"
+        "set_rows_f32_${_t}_i64|tq_tcq_encode.comp|TQ_TCQ_K=${_tq_k},TQ_SET_ROWS=1,B_TYPE=uvec2,B_SIZE=64"
+        "cpy_f32_${_t}|tq_tcq_encode.comp|TQ_TCQ_K=${_tq_k}"
+        "cpy_${_t}_f32|tq_decode.comp|TQ_TCQ_K=${_tq_k}"
+        "cpy_${_t}_f16|tq_decode.comp|TQ_TCQ_K=${_tq_k},D_TYPE=float16_t"
+        "get_rows_${_t}|tq_decode.comp|TQ_TCQ_K=${_tq_k},TQ_GET_ROWS=1,D_TYPE=float16_t"
+        "get_rows_${_t}_f32|tq_decode.comp|TQ_TCQ_K=${_tq_k},TQ_GET_ROWS=1,D_TYPE=float")
 endforeach()
 
 set(_tq_vk_spvs "")
@@ -59,4 +72,4 @@ add_custom_command(
     VERBATIM)
 target_sources(ggml-vulkan PRIVATE "${TQ_VK_OUT}/tq-vulkan-shaders.cpp" "${TQ_VK_OUT}/tq-vulkan-shaders.h")
 target_include_directories(ggml-vulkan PRIVATE "${TQ_EXT_DIR}/ggml-vulkan" "${TQ_VK_OUT}")
-message(STATUS "turboquant: Vulkan turbo2/3/4 shaders (encode, decode, flash attention); the trellis types stay on the CPU")
+message(STATUS "turboquant: Vulkan shaders for turbo2/3/4 and turbo3_tcq/turbo2_tcq (encode, decode, flash attention)")

@@ -5,19 +5,19 @@
  * a backend that has it, and llama's KV cache keeps a layer in host memory when its device
  * refuses SET_ROWS into the cache type: tq_kv_keep_host, ggml-ext/llama/tq-llama-kv-cache.cpp):
  *
- *   turbo2/3/4   SET_ROWS and CPY from f32 (the encoder, shaders/tq_encode.comp: the bytes of
- *                crates/codec's; it computes in f64, so a device without shaderFloat64 refuses),
+ *   turbo2/3/4,  SET_ROWS and CPY from f32 (the encoders, shaders/tq_encode.comp and, for the
+ *   turbo3_tcq,  trellis types, the Viterbi search of shaders/tq_tcq_encode.comp: the bytes of
+ *   turbo2_tcq   crates/codec's; they compute in f64, so a device without shaderFloat64 refuses),
  *                GET_ROWS to f32/f16 and CPY to f32 (shaders/tq_decode.comp), FLASH_ATTN_EXT with
- *                turbo K and/or V decoded in upstream's scalar and coopmat1 shaders
- *                (shaders/tq_fa_dequant.glsl), MUL_MAT with a turbo A (any view of it, GQA
+ *                these K and/or V types decoded in upstream's scalar and coopmat1 shaders
+ *                (shaders/tq_fa_dequant.glsl), MUL_MAT with such an A (any view of it, GQA
  *                broadcast) and an f32 B: KQ with flash attention off (tq_vk_mul_mat: A decoded to
  *                f16, or f32 under GGML_PREC_F32, then upstream's matmul), and the views of such
  *                a cache.
- *   refused      MUL_MAT with a turbo B or an f16 B, MUL_MAT_ID, the trellis types (turbo3_tcq,
- *                turbo2_tcq) for every op, and flash attention that carries the turbo K terms
- *                (tq-fa-contract.h: the exact first key and the mean in RoPE's frame are not in
- *                these shaders; ggml_backend_dev_supports_op refuses that op first, and llama
- *                lowers the terms to a mask per head, docs/VULKAN.md).
+ *   refused      MUL_MAT with a turbo B or an f16 B, MUL_MAT_ID, and flash attention that carries
+ *                the turbo K terms (tq-fa-contract.h: the exact first key and the mean in RoPE's
+ *                frame are not in these shaders; ggml_backend_dev_supports_op refuses that op
+ *                first, and llama lowers the terms to a mask per head, docs/VULKAN.md).
  *
  * Our encode/decode pipelines take the slots of upstream's per-type pipeline tables
  * (pipeline_set_rows_*, pipeline_cpy_*, pipeline_get_rows*) with upstream's bindings, push
@@ -44,9 +44,10 @@
 TQ_FOR_EACH_TYPE(TQ_VK_ASSERT_ID)
 #undef TQ_VK_ASSERT_ID
 
-/* The types with Vulkan shaders (the trellis types have none). */
+/* The types with Vulkan shaders: all five (every turbo type has its encoder and decoder). */
 static inline bool tq_vk_has_shaders(ggml_type t) {
-    return t == GGML_TYPE_TURBO2 || t == GGML_TYPE_TURBO3 || t == GGML_TYPE_TURBO4;
+    return t == GGML_TYPE_TURBO2 || t == GGML_TYPE_TURBO3 || t == GGML_TYPE_TURBO4 ||
+           t == GGML_TYPE_TURBO3_TCQ || t == GGML_TYPE_TURBO2_TCQ;
 }
 
 /* The encoder computes in f64. ggml-vulkan enables every feature the device reports. */
@@ -67,7 +68,7 @@ static int tq_vk_supports_op(const vk_device & device, const struct ggml_tensor 
     for (int i = 0; i < GGML_MAX_SRC; ++i) {
         if ((op->src[i] && TQ_GGML_IS_TURBO(op->src[i]->type) && !tq_vk_has_shaders(op->src[i]->type)) ||
             (TQ_GGML_IS_TURBO(op->type) && !tq_vk_has_shaders(op->type))) {
-            return 0; /* a trellis type */
+            return 0; /* a turbo type without shaders (none today) */
         }
     }
     const struct ggml_tensor * s0 = op->src[0];
@@ -112,7 +113,9 @@ static int tq_vk_supports_op(const vk_device & device, const struct ggml_tensor 
 #define TQ_VK_TYPE_CASES \
     case GGML_TYPE_TURBO2: \
     case GGML_TYPE_TURBO3: \
-    case GGML_TYPE_TURBO4:
+    case GGML_TYPE_TURBO4: \
+    case GGML_TYPE_TURBO3_TCQ: \
+    case GGML_TYPE_TURBO2_TCQ:
 
 /* coopmat2's flash attention decodes through its own buffer_reference path, which has no turbo
  * types: turbo K/V take coopmat1 (which includes tq_fa_dequant.glsl, like the scalar shader). */
@@ -164,6 +167,8 @@ static void tq_vk_load_shaders(vk_device & device, const Create & create) {
     TQ_VK_TYPE(turbo2, TURBO2)
     TQ_VK_TYPE(turbo3, TURBO3)
     TQ_VK_TYPE(turbo4, TURBO4)
+    TQ_VK_TYPE(turbo3_tcq, TURBO3_TCQ) /* tq_tcq_encode.comp: same dispatch shape, 32 blocks a group */
+    TQ_VK_TYPE(turbo2_tcq, TURBO2_TCQ)
 #undef TQ_VK_TYPE
 #undef TQ_VK_SPV
 }

@@ -72,7 +72,7 @@ static bool tq_kv_dev_holds(ggml_backend_dev_t dev, ggml_type type, int64_t n_em
 }
 
 // Called for each offloaded layer after llama picks its device's buffer type: a device without
-// kernels for a turbo K or V type (ggml-vulkan has none yet, ggml-ext/ggml-vulkan/tq-vulkan.h)
+// kernels for a turbo K or V type (ggml-vulkan without shaderFloat64, ggml-ext/ggml-vulkan/tq-vulkan.h)
 // cannot hold the cache, so that layer's K and V stay in host memory, where the CPU backend
 // writes them and runs their attention; the layer's weights and other ops stay on the device.
 // Logged once per cache (the per-layer device is in the debug log).

@@ -7,10 +7,12 @@
 //   FLASH_ATTN_EXT with a turbo K or V), for every turbo type, against what the caller says it
 //   implements; the same ops on f16 must be accepted, so that a device that refuses everything
 //   (or one that was never initialised) does not pass.
-// - tq_test_backend_turbo_bytes: the device's SET_ROWS / CPY into a turbo type write the bytes
-//   of the Rust codec (tq_quantize), and its GET_ROWS / CPY out of one give tq_dequantize's
-//   floats bit for bit, on gaussian rows and on the rows that take the encoder's edge rules
-//   (NaN, +-Inf, zero, f32 subnormals, a scale past fp16's range, one below it).
+// - tq_test_backend_turbo_bytes: the device's SET_ROWS / CPY into a turbo type (the trellis
+//   types' Viterbi search included) write the bytes of the Rust codec (tq_quantize), and its
+//   GET_ROWS / CPY out of one give tq_dequantize's floats bit for bit, on gaussian rows, on the
+//   rows that take the encoder's edge rules (NaN, +-Inf, zero, f32 subnormals, a scale past
+//   fp16's range, one below it) and on rows full of exact ties of path costs (constant, a
+//   coarse grid, a trellis block's own decode).
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -20,6 +22,7 @@
 #include "turboquant.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -82,11 +85,11 @@ extern "C" int tq_test_backend_devices(const char * reg_name) {
     return reg ? (int) ggml_backend_reg_dev_count(reg) : 0;
 }
 
-// Device `index` of `reg_name` takes the ops of turbo2/3/4 caches (MUL_MAT with an f32 B; not
-// with an f16 one) when `scalar_turbo` is 1 (a device with turbo shaders), none of them when it
-// is 0; it refuses every op of the trellis types either way and accepts the f16 ones.
+// Device `index` of `reg_name` takes the ops of the caches of the types it has shaders for
+// (MUL_MAT with an f32 B; not with an f16 one) and refuses those of the others; `shaders` says
+// which: 0 none, 1 turbo2/3/4, 2 those and the trellis types. It accepts the f16 ops.
 // 0: as expected; 1: not (what differed in err); 2: no such device.
-extern "C" int tq_test_backend_turbo_ops(const char * reg_name, int index, int scalar_turbo, char * err_buf, size_t cap) {
+extern "C" int tq_test_backend_turbo_ops(const char * reg_name, int index, int shaders, char * err_buf, size_t cap) {
     Err err{ err_buf, cap };
     ggml_backend_reg_t reg = ggml_backend_reg_by_name(reg_name);
     if (!reg || index < 0 || (size_t) index >= ggml_backend_reg_dev_count(reg)) {
@@ -109,7 +112,8 @@ extern "C" int tq_test_backend_turbo_ops(const char * reg_name, int index, int s
             CacheOps c(t, other);
             for (auto & [what, op] : c.ops) {
                 const bool f16_b = op->op == GGML_OP_MUL_MAT && op->src[1]->type == GGML_TYPE_F16;
-                const bool want = scalar_turbo && !TQ_GGML_IS_TCQ(t) && !TQ_GGML_IS_TCQ(other) && !f16_b;
+                const bool has = shaders == 2 || (shaders == 1 && !TQ_GGML_IS_TCQ(t) && !TQ_GGML_IS_TCQ(other));
+                const bool want = has && !f16_b;
                 if (ggml_backend_dev_supports_op(dev, op) != want) {
                     return err.fail("%s %s %s on %s (other cache %s)", ggml_backend_dev_name(dev),
                                     want ? "refuses" : "accepts", what.c_str(), ggml_type_name(t),
@@ -144,6 +148,24 @@ std::vector<float> edge_rows(int64_t n_per_row, int64_t & n_rows) {
     r = gaussian(n_per_row, 6);
     for (auto & x : r) x *= 1e-12f;                                    // scale below fp16's least
     add(r);
+    // exact ties of the trellis search's path costs: a constant row, a coarse grid, and the
+    // decode of a trellis block (every value a table entry times one scale)
+    add(std::vector<float>(n_per_row, 0.75f));
+    r = gaussian(n_per_row, 7);
+    for (auto & x : r) x = std::round(x * 2.0f) * 0.5f;
+    add(r);
+    for (int t : { TQ_TURBO3_TCQ, TQ_TURBO2_TCQ }) {
+        std::vector<uint8_t> q(tq_block_bytes(t) * (n_per_row / 64));
+        if (tq_quantize(t, gaussian(n_per_row, 8 + t).data(), q.data(), n_per_row) != 0 ||
+            tq_dequantize(t, q.data(), r.data(), n_per_row) != 0) {
+            abort();
+        }
+        add(r);
+    }
+    for (int i = 0; i < 16; ++i) {                                     // more searches, scales 2^-16 .. 2^14
+        r = gaussian(n_per_row, 100 + i, std::ldexp(1.0f, 2 * i - 16));
+        add(r);
+    }
     n_rows = (int64_t) v.size() / n_per_row;
     return v;
 }
@@ -161,7 +183,7 @@ struct Backend {
 
 } // namespace
 
-// 0: the bytes and floats agree for turbo2/3/4; 1: they do not (err says where); 2: no device.
+// 0: the bytes and floats agree for every turbo type; 1: they do not (err says where); 2: no device.
 extern "C" int tq_test_backend_turbo_bytes(const char * reg_name, int index, char * err_buf, size_t cap) {
     Err err{ err_buf, cap };
     ggml_backend_reg_t reg = ggml_backend_reg_by_name(reg_name);
@@ -184,7 +206,7 @@ extern "C" int tq_test_backend_turbo_bytes(const char * reg_name, int index, cha
         slot[i] = (i * 5 + 2) % n_cells;
         slot32[i] = (int32_t) slot[i];
     }
-    for (ggml_type t : { GGML_TYPE_TURBO2, GGML_TYPE_TURBO3, GGML_TYPE_TURBO4 }) {
+    for (ggml_type t : TURBO) {
         const int tq = tq_ggml_codec_type(t);
         const size_t row = ggml_row_size(t, d);
         // what the Rust codec writes and reads

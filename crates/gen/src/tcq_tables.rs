@@ -49,17 +49,19 @@ pub fn render_c_tables(t3: &[f32], t2: &[f32]) -> String {
     );
     s.push_str(" * payload bits [k t + k - L, k t + k) mod 64 k, MSB-first (docs/TCQ.md).\n");
     s.push_str(
-        " * Define TQ_TABLE_ATTR (e.g. __device__) before including to place the tables.\n */\n",
+        " * Define TQ_TABLE_ATTR (e.g. __device__) before including to place the tables;\n \
+         * GLSL defines TQ_TABLE_STATIC empty (as for turboquant_tables.h).\n */\n",
     );
     s.push_str("#ifndef TURBOQUANT_TCQ_TABLES_H\n#define TURBOQUANT_TCQ_TABLES_H\n\n");
-    s.push_str("#ifndef TQ_TABLE_ATTR\n#define TQ_TABLE_ATTR\n#endif\n\n");
+    s.push_str("#ifndef TQ_TABLE_ATTR\n#define TQ_TABLE_ATTR\n#endif\n");
+    s.push_str("#ifndef TQ_TABLE_STATIC\n#define TQ_TABLE_STATIC static\n#endif\n\n");
     for (name, r, t) in [("TCQ3", r3, t3), ("TCQ2", r2, t2)] {
         s.push_str(&format!(
             "#define TQ_{name}_L {}\n#define TQ_{name}_K {}\n",
             r.l, r.k
         ));
         s.push_str(&format!(
-            "TQ_TABLE_ATTR static const float TQ_{name}_TABLE[{}] = {{\n",
+            "TQ_TABLE_ATTR TQ_TABLE_STATIC const float TQ_{name}_TABLE[{}] = {{\n",
             t.len()
         ));
         s.push_str(&rows(t, "f", "    "));

@@ -34,9 +34,6 @@ struct tq_block {
     uint16_t w[TQ_BLOCK_WORDS];
 };
 
-// Byte k of the payload (the bytes after the scale) from the block's words.
-#define TQ_PAYLOAD_BYTE(W, k) ((uint(W[1u + ((k) >> 1)]) >> (((k) & 1u) * 8u)) & 0xffu)
-
 // Index j (0..63) of a block whose words are W (block.rs pack_indices).
 #if TQ_BITS == 4
 #define TQ_INDEX(W, j) ((TQ_PAYLOAD_BYTE(W, (j) & 31u) >> (((j) >> 5) * 4u)) & 15u)
@@ -46,3 +43,6 @@ struct tq_block {
 #define TQ_INDEX(W, j) (((TQ_PAYLOAD_BYTE(W, (j) & 15u) >> (((j) >> 4) * 2u)) & 3u) \
                         | (((TQ_PAYLOAD_BYTE(W, 16u + ((j) >> 3)) >> ((j) & 7u)) & 1u) << 2))
 #endif
+
+// Value j of a block whose words are W.
+#define TQ_VALUE(W, j) (tq_scale(uint(W[0])) * TQ_CODEBOOK[TQ_INDEX(W, j)])

@@ -11,6 +11,10 @@
 #include "../../abi/turboquant_tables.h"
 #include "../../abi/turboquant_types.h"
 
+// Byte k of the payload (the bytes after the fp16 scale) of a block viewed as uint16 words W:
+// word 0 is the scale, every block size is even, so a block never splits a word.
+#define TQ_PAYLOAD_BYTE(W, k) ((uint(W[1u + ((k) >> 1)]) >> (((k) & 1u) * 8u)) & 0xffu)
+
 // The scale a decoder uses for stored bits h (crates/codec block.rs decode_scale): Inf, NaN and
 // negative non-zero scales decode as 0, so a corrupt block gives zeros, never NaN.
 float tq_scale(uint h) {

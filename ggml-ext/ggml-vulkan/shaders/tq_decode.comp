@@ -5,11 +5,16 @@
 // same interfaces (bindings, push constants, dispatch shape) as upstream's get_rows_quant.comp
 // and copy_from_quant.comp, so ggml-vulkan's op code dispatches these pipelines like its own.
 //
-// Invariant: value j of a block is f32(d) * C[idx_j] (tq_block.glsl), the CPU's dequantize.
+// Invariant: value j of a block is f32(d) * C[idx_j] (tq_block.glsl; TQ_BITS defined) or
+// f32(d) * TABLE[s_j] (tq_tcq.glsl, the trellis types; TQ_TCQ_K defined), the CPU's dequantize.
 
 #extension GL_EXT_control_flow_attributes : enable
 
+#if defined(TQ_TCQ_K)
+#include "tq_tcq.glsl"
+#else
 #include "tq_block.glsl"
+#endif
 
 #define A_TYPE tq_block
 #if defined(TQ_GET_ROWS)
@@ -25,7 +30,7 @@ layout(local_size_x = 1, local_size_y = 1, local_size_z = 1) in;
 #endif
 
 float tq_value(const uint ib, const uint j) {
-    return tq_scale(uint(data_a[ib].w[0])) * TQ_CODEBOOK[TQ_INDEX(data_a[ib].w, j)];
+    return TQ_VALUE(data_a[ib].w, j);
 }
 
 void main() {

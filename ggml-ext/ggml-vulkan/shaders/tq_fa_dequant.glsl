@@ -4,16 +4,20 @@
 // a_offset + ib. Included by flash_attn_dequant.glsl (patch 0106); TQ_FA_DEQUANT4_CASES_K/_V
 // go into its two switches.
 //
-// Invariant: element j of a block is f32(d) * C[idx_j], as tq_block.glsl and the CPU decode;
-// the shader then converts it to FLOAT_TYPE as it does every other type's values.
+// Invariant: element j of a block is f32(d) * C[idx_j] (turbo2/3/4, as tq_block.glsl) or
+// f32(d) * TABLE[s_j] (turbo3_tcq / turbo2_tcq, as tq_tcq.glsl), the CPU's decode; the shader
+// then converts it to FLOAT_TYPE as it does every other type's values.
 #if !defined(TQ_FA_DEQUANT_GLSL)
 #define TQ_FA_DEQUANT_GLSL
 
 #include "tq_common.glsl"
+#include "tq_tcq.glsl"
 
 struct tq_fa_turbo2 { uint16_t w[TQ_TURBO2_BLOCK_BYTES / 2]; };
 struct tq_fa_turbo3 { uint16_t w[TQ_TURBO3_BLOCK_BYTES / 2]; };
 struct tq_fa_turbo4 { uint16_t w[TQ_TURBO4_BLOCK_BYTES / 2]; };
+struct tq_fa_turbo3_tcq { uint16_t w[TQ_TURBO3_TCQ_BLOCK_BYTES / 2]; };
+struct tq_fa_turbo2_tcq { uint16_t w[TQ_TURBO2_TCQ_BLOCK_BYTES / 2]; };
 
 layout (binding = 1) readonly buffer K_PACKED_TURBO2 { tq_fa_turbo2 data[]; } k_packed_turbo2;
 layout (binding = 2) readonly buffer V_PACKED_TURBO2 { tq_fa_turbo2 data[]; } v_packed_turbo2;
@@ -21,6 +25,10 @@ layout (binding = 1) readonly buffer K_PACKED_TURBO3 { tq_fa_turbo3 data[]; } k_
 layout (binding = 2) readonly buffer V_PACKED_TURBO3 { tq_fa_turbo3 data[]; } v_packed_turbo3;
 layout (binding = 1) readonly buffer K_PACKED_TURBO4 { tq_fa_turbo4 data[]; } k_packed_turbo4;
 layout (binding = 2) readonly buffer V_PACKED_TURBO4 { tq_fa_turbo4 data[]; } v_packed_turbo4;
+layout (binding = 1) readonly buffer K_PACKED_TURBO3_TCQ { tq_fa_turbo3_tcq data[]; } k_packed_turbo3_tcq;
+layout (binding = 2) readonly buffer V_PACKED_TURBO3_TCQ { tq_fa_turbo3_tcq data[]; } v_packed_turbo3_tcq;
+layout (binding = 1) readonly buffer K_PACKED_TURBO2_TCQ { tq_fa_turbo2_tcq data[]; } k_packed_turbo2_tcq;
+layout (binding = 2) readonly buffer V_PACKED_TURBO2_TCQ { tq_fa_turbo2_tcq data[]; } v_packed_turbo2_tcq;
 
 // Four consecutive values from four indices (f32 products, as the CPU decodes).
 #define TQ_FA_VALUES4(CB, d, i0, i1, i2, i3) \
@@ -61,9 +69,19 @@ layout (binding = 2) readonly buffer V_PACKED_TURBO4 { tq_fa_turbo4 data[]; } v_
     TQ_FA_VALUES4(TQ_CODEBOOK_3BIT, tq_d, tq_i.x, tq_i.y, tq_i.z, tq_i.w)                  \
 }
 
+// turbo3_tcq / turbo2_tcq: the four states from one 32-bit window of the payload (tq_tcq.glsl).
+#define TQ_FA_DEQUANT4_TCQ(BUF, K, TABLE) {                                                \
+    uvec4 tq_s;                                                                            \
+    TQ_TCQ_STATES4(BUF.data[a_offset + ib].w, K, iqs, tq_s)                                \
+    const float tq_d = tq_scale(uint(BUF.data[a_offset + ib].w[0]));                       \
+    TQ_FA_VALUES4(TABLE, tq_d, tq_s.x, tq_s.y, tq_s.z, tq_s.w)                             \
+}
+
 #define TQ_FA_DEQUANT4_CASES(kv)                                                           \
     case uint(TQ_TURBO2_GGML_TYPE): TQ_FA_DEQUANT4_TURBO2(kv##_packed_turbo2)              \
     case uint(TQ_TURBO3_GGML_TYPE): TQ_FA_DEQUANT4_TURBO3(kv##_packed_turbo3)              \
-    case uint(TQ_TURBO4_GGML_TYPE): TQ_FA_DEQUANT4_TURBO4(kv##_packed_turbo4)
+    case uint(TQ_TURBO4_GGML_TYPE): TQ_FA_DEQUANT4_TURBO4(kv##_packed_turbo4)              \
+    case uint(TQ_TURBO3_TCQ_GGML_TYPE): TQ_FA_DEQUANT4_TCQ(kv##_packed_turbo3_tcq, 3u, tq_tcq3_lut) \
+    case uint(TQ_TURBO2_TCQ_GGML_TYPE): TQ_FA_DEQUANT4_TCQ(kv##_packed_turbo2_tcq, 2u, tq_tcq2_lut)
 
 #endif
