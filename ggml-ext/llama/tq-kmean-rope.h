@@ -144,12 +144,13 @@ static inline ggml_tensor * tq_rf_trig(ggml_context * ctx, ggml_tensor * T, int 
     return ggml_view_3d(ctx, T, half, 1, T->ne[1], T->nb[1], T->nb[1], (size_t) which * half * T->nb[0]);
 }
 
-/* The two small per-ubatch products below are CPU ops of their own (ggml_custom_4d) where the
-   layer's K is on a device that runs the turbo K terms (the CPU, RPC's client side): as a
-   chain of halves, products and joins each is about fifteen graph nodes per layer, and on a
-   CPU decode step every node costs a thread barrier. Rows are split across threads. On a
-   device that takes the terms lowered (tq_kmean_rope_masked) the chains run instead
-   (tq_rf_rotate_mean_ops, tq_rf_coeffs_ops): there a host op would split the graph. */
+/* R_p mu and the coefficients are CPU ops of their own (ggml_custom_4d: tq_rf_rotate_mean, and
+   the coefficients inside tq_rf_keep) where the layer's K is on a device that runs the turbo K
+   terms (the CPU, RPC's client side): as a chain of halves, products and joins each is about
+   fifteen graph nodes per layer, and on a CPU decode step every node costs a thread barrier.
+   Rows are split across threads. On a device that takes the terms lowered
+   (tq_kmean_rope_masked) the chains run instead (tq_rf_rotate_mean_ops, tq_rf_coeffs_ops):
+   there a host op would split the graph. */
 /* o = R_p m for one row (hd floats; t: the position's table column). */
 static inline void tq_rf_rotate_row(tq_rf_pairs pr, int64_t hd, const float * t, const float * m, float * o) {
     const int64_t half = hd / 2;
@@ -215,7 +216,7 @@ static inline ggml_tensor * tq_rf_rotate_mean_ops(ggml_context * ctx, ggml_tenso
 }
 
 /* The coefficients A = [alpha; beta] of q [hd, nq, nt] against mu [hd, nkv, nb] (nb blocks of
-   the tokens, block b against mean b) from ops every backend has (tq_rf_coeffs_op's
+   the tokens, block b against mean b) from ops every backend has (tq_rf_coeffs_row's
    arithmetic): [hd, nq, nt]. */
 static inline ggml_tensor * tq_rf_coeffs_ops(ggml_context * ctx, ggml_tensor * q, ggml_tensor * mu, tq_rf_pairs pr) {
     const int64_t hd = q->ne[0], half = hd / 2, nq = q->ne[1], nt = q->ne[2], nkv = mu->ne[1], g = nq / nkv;
@@ -250,35 +251,12 @@ static inline ggml_tensor * tq_rf_unrope_mean(ggml_context * ctx, ggml_tensor * 
     return tq_rf_join(ctx, ma, mb, pr);
 }
 
-static inline void tq_rf_coeffs_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    const tq_rf_pairs pr = tq_rf_pairs_of(userdata);
-    const ggml_tensor * q = dst->src[0], * mu = dst->src[1];
-    const int64_t hd = dst->ne[0], nq = dst->ne[1], nt = dst->ne[2], g = nq / mu->ne[1];
-    for (int64_t r = ith; r < nq * nt; r += nth) {
-        const int64_t h = r % nq, t = r / nq;
-        const float * x = (const float *) ((const char *) q->data + h * q->nb[1] + t * q->nb[2]);
-        const float * m = (const float *) ((const char *) mu->data + (h / g) * mu->nb[1]);
-        float * o = (float *) ((char *) dst->data + h * dst->nb[1] + t * dst->nb[2]);
-        tq_rf_coeffs_row(pr, hd, x, m, o);
-    }
-}
-
-/* The per-key term's coefficients A = [alpha; beta] [hd, nq, nt] of the queries q [hd, nq, nt]
-   (channel frame, already divided by s; rows contiguous) against the stored mean mu' [hd, nkv]. */
-static inline ggml_tensor * tq_rf_coeffs(ggml_context * ctx, ggml_tensor * q, ggml_tensor * mu, tq_rf_pairs pr) {
-    GGML_ASSERT(q->type == GGML_TYPE_F32 && mu->type == GGML_TYPE_F32 && q->ne[0] == mu->ne[0] && q->nb[0] == sizeof(float) &&
-                mu->nb[0] == sizeof(float) && q->ne[1] % mu->ne[1] == 0 && q->ne[3] == 1 && mu->ne[2] == 1);
-    ggml_tensor * args[2] = { q, mu };
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, q->ne[0], q->ne[1], q->ne[2], 1, args, 2, tq_rf_coeffs_op, GGML_N_TASKS_MAX,
-                          (void *) tq_rf_pairs_bits(pr, q->ne[0]));
-}
-
 /* A KEEP ubatch's whole K side in one op: from q [hd, nq, nt] and k [hd, nkv, nt] (roped,
    channel frame), the means [mu' | s - 1] (tq-kmean.h's layout; s - 1 only with balancing)
    as columns [F, nb], token t taking column t / (nt / nb) (the ubatch's streams, in blocks),
    and the ubatch's table T [hd, nt], one f32 buffer holding, each contiguous,
    k' = s k - R_p mu' [hd, nkv, nt], then q' = q / s [hd, nq, nt], then the coefficients
-   A of q' against mu' [hd, nq, nt] (tq_rf_coeffs_op's). As separate nodes these were six
+   A of q' against mu' [hd, nq, nt] (tq_rf_coeffs_row's). As separate nodes these were six
    per layer (s, q / s, s k, A, R_p mu', the subtraction), each a thread barrier on a
    decode step; the arithmetic per value is theirs (the same row helpers). Work is split by
    (token, KV head); heads up to TQ_RF_HD_MAX. */

@@ -661,6 +661,12 @@ static bool tq_kmean_can_set(const llama_pos * pos, uint32_t n, bool skip_first)
 // from its first min(length, n_ubatch) tokens whatever the batch holds besides; that costs
 // no throughput (the same tokens per ubatch, only not interleaved). A busy cache: nothing
 // fresh (new streams inherit the shared column), the usual split.
+// Whether this cache keeps the K mean in RoPE's frame (so its statistics are per stream).
+bool llama_kv_cache::tq_kmean_rf_on() const {
+    tq_kmean_rope_setup();
+    return std::any_of(layers.begin(), layers.end(), [](const kv_layer & l) { return tq_kmean_rope_is(l.k_mean); });
+}
+
 bool llama_kv_cache::tq_kmean_batch_begin() {
     tq_kmean_fresh.assign(n_stream, 0);
     if (!tq_kmean) {
@@ -671,8 +677,7 @@ bool llama_kv_cache::tq_kmean_batch_begin() {
             return false;
         }
     }
-    tq_kmean_rope_setup();
-    if (!std::any_of(layers.begin(), layers.end(), [](const kv_layer & l) { return tq_kmean_rope_is(l.k_mean); })) {
+    if (!tq_kmean_rf_on()) {
         return false;
     }
     tq_kmean_fresh.assign(n_stream, 1);
@@ -696,9 +701,7 @@ void llama_kv_cache::tq_kmean_prepare(const llama_ubatch & ubatch) {
     for (const auto & cells : v_cells) {
         empty = empty && cells.get_used() == 0;
     }
-    tq_kmean_rope_setup();
-    const bool rf = std::any_of(layers.begin(), layers.end(), [](const kv_layer & l) { return tq_kmean_rope_is(l.k_mean); });
-    if (!rf) {
+    if (!tq_kmean_rf_on()) {
         tq_kmean_blocks.clear();
         tq_kmean_mode = !empty ? TQ_KMEAN_KEEP : tq_kmean_can_set(ubatch.pos, ubatch.n_tokens, false) ? TQ_KMEAN_SET : TQ_KMEAN_ZERO;
         return;
@@ -710,7 +713,7 @@ void llama_kv_cache::tq_kmean_prepare(const llama_ubatch & ubatch) {
         tq_kmean_shared_pending = true; // an empty cache starts fresh even without init_batch's call
     }
     tq_kmean_blocks.assign(nb, TQ_KMEAN_KEEP);
-    tq_kmean_shared = -2; // -2: the stored one, -1: zeros, else the block whose SET it takes
+    tq_kmean_shared = -1; // -1: the stored one, else the block whose SET it takes
     bool any_set = false, any_new = false;
     for (uint32_t b = 0; b < nb; ++b) {
         const uint32_t stream = seq_to_stream[ubatch.seq_id[b * per][0]];
@@ -730,7 +733,7 @@ void llama_kv_cache::tq_kmean_prepare(const llama_ubatch & ubatch) {
             m = TQ_KMEAN_INHERIT;
         }
         any_set = any_set || m == TQ_KMEAN_SET;
-        any_new = any_new || m != TQ_KMEAN_KEEP || tq_kmean_shared != -2;
+        any_new = any_new || m != TQ_KMEAN_KEEP;
         tq_kmean_blocks[b] = m;
     }
     tq_kmean_mode = any_set ? TQ_KMEAN_SET : any_new ? TQ_KMEAN_ZERO : TQ_KMEAN_KEEP;
@@ -756,7 +759,7 @@ void llama_kv_cache::tq_kmean_fill_blocks(const llama_ubatch & ub, int32_t * str
         }
     }
     streams[nb] = (int32_t) n_stream;
-    sel[nb] = (int32_t) (tq_kmean_shared >= 0 ? nb + 1 + tq_kmean_shared : tq_kmean_shared == -1 ? zero : nb);
+    sel[nb] = (int32_t) (tq_kmean_shared >= 0 ? nb + 1 + tq_kmean_shared : nb);
 }
 
 // Stream copy (seq_cp across streams, applied in update): the destination stream now holds
