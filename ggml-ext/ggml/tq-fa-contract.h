@@ -138,8 +138,8 @@ static inline void tq_flash_attn_ext_set_k_terms(struct ggml_tensor *fa, struct 
      attention its backend cannot run: ggml-rpc.cpp's graph_compute).
    Every other backend (CUDA, Vulkan, Metal, ...) refuses until it implements them; llama then
    lowers them to ops every backend has where the device's flash attention takes a mask per
-   head (Vulkan: the term and the first keys' corrections in that mask, tq_rf_mask and
-   tq_sink_mask_delta), and keeps the fitted mean where it does not (CUDA). */
+   head (Vulkan's shaders, CUDA's GQA kernel: the term and the first keys' corrections in that
+   mask, tq_rf_mask and tq_sink_mask_delta), and keeps the fitted mean where it does not. */
 /* What the CPU runs the terms over: its turbo tiles, i.e. turbo K and V, f32 Q, this layout. */
 static inline int tq_fa_k_terms_cpu_runs(const struct ggml_tensor *op) {
     return TQ_GGML_IS_TURBO(op->src[1]->type) && TQ_GGML_IS_TURBO(op->src[2]->type) && op->src[0]->type == GGML_TYPE_F32 &&
