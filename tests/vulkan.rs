@@ -557,8 +557,12 @@ fn k_statistics_per_stream_on_vulkan_do_not_depend_on_batching() {
         &["-c", "128", "-b", "256"],
     );
     assert!(
-        batched.contains("n_seq=2") && batched.contains("Vulkan0 KV buffer size"),
-        "the two chunks did not run as two sequences of one batch on Vulkan0:\n{batched}"
+        batched.contains("n_seq=2")
+            && batched.contains("Vulkan0 KV buffer size")
+            && batched.contains("turbo K mean in RoPE's frame: on")
+            && batched.contains("take them as a mask per head"),
+        "the two chunks did not run as two sequences of one batch on Vulkan0 with the K mean \
+         and its lowered terms:\n{batched}"
     );
     let alone = ppl_run(
         &text,
