@@ -569,3 +569,39 @@ fn lowered_k_terms_give_the_native_quality() {
         );
     }
 }
+
+/// A turbo K with a V that is not turbo keeps each sequence's first key exact too (tq-sink.h):
+/// the CPU's prefill reads the slots in its host op, and a decode-size ubatch (`-ub 32`) takes
+/// the lowered corrections in the per-head mask. Against the same run with `--tq-k-sink off`
+/// (what such a pair had before, 2026-12-06): on the llama.cpp docs at ctx 512 x 4 turbo4/q8_0
+/// measured 0.012006 / 0.024612 (prefill, ratio 0.49) and 0.013522 / 0.028583 (`-ub 32`, 0.47);
+/// the held-out text and Gemma-3-270M gain too (docs/JOURNAL.md). A path that drops the first
+/// keys again gives the `off` figure, ratio 1.
+const MIXED_FIRST_KEYS_RATIO: f64 = 0.6;
+
+#[test]
+fn turbo_k_with_a_q8_0_v_keeps_its_first_keys_exact() {
+    let base = std::env::temp_dir().join(format!("tq-kld-base-mixed-{}.bin", std::process::id()));
+    perplexity_with("f16", "f16", &base, true, 2, &["--chunks", "4"]);
+    let kld = |extra: &[&str]| {
+        let mut args = vec!["--chunks", "4"];
+        args.extend_from_slice(extra);
+        let out = perplexity_with("turbo4", "q8_0", &base, false, 2, &args);
+        value_pm(&out, "Mean    KLD:").expect("KLD").0
+    };
+    let mut failures = Vec::new();
+    for (what, ub) in [("prefill", &[][..]), ("-ub 32", &["-ub", "32"][..])] {
+        let on = kld(ub);
+        let mut off_args = ub.to_vec();
+        off_args.extend_from_slice(&["--tq-k-sink", "off"]);
+        let off = kld(&off_args);
+        eprintln!("turbo4/q8_0 {what}: KLD first keys on {on:.6}, off {off:.6}");
+        if !(on.is_finite() && on <= MIXED_FIRST_KEYS_RATIO * off) {
+            failures.push(format!(
+                "{what}: KLD {on} with the first keys is not below {MIXED_FIRST_KEYS_RATIO} x {off} without"
+            ));
+        }
+    }
+    let _ = std::fs::remove_file(&base);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

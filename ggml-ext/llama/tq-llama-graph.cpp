@@ -112,7 +112,8 @@ public:
     // keys (C of tq-fa-contract.h; slots all -1 unless cells_slots)
     ggml_tensor * cells = nullptr;
     bool cells_slots = false;
-    // the lowered first keys (tq_sink_delta), for layers whose device takes the terms as a mask:
+    // the lowered first keys (tq_sink_delta), for layers that do not read them natively (a device
+    // that takes the terms as a mask; a CPU decode whose V is not turbo):
     // per stream the cells that have a slot, i32 [n_sel, ns]; their slots i32 [n_sel ns]; and the
     // one-hot map entry -> cell f32 [n_sel, n_kv, 1, ns] (tq_sink_fill_select)
     ggml_tensor * sel_cells = nullptr, * sel_slots = nullptr, * sel_onehot = nullptr;
@@ -324,8 +325,11 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
     const bool turbo_fa = flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type);
     const bool masked = kv->tq_kmean_rope_masked(il);
     const bool terms = turbo_fa && !masked;
+    // the first keys wherever flash attention reads a turbo K, whatever V is: natively with the
+    // terms, else lowered (a CPU prefill's host op, or the corrections of tq_sink_delta)
     ggml_tensor * sink_rows = nullptr, * sink_q = nullptr;
-    const bool sink = turbo_fa && tq_sink_graph(ctx, in, kv, il, k_cur, A->ne[2], &sink_rows, &sink_q);
+    const bool sink = flash_attn && TQ_GGML_IS_TURBO((*k)->type) &&
+                      tq_sink_graph(ctx, in, kv, il, k_cur, A->ne[2], &sink_rows, &sink_q);
     // K decoded to f32 with R_p mu' added (tq_rf_keys) only for the tiled kernel of a CPU
     // prefill (tq_llama_prefill_decode) and for a prefill on a device without the terms; where
     // that is off (TQ_PREFILL_DECODE=0) a prefill over turbo K and V on the CPU takes the
@@ -333,15 +337,19 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
     const bool prefill = A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS && (!terms || tq_ggml_decode_for_prefill(*k, v, A->ne[2]));
     // an input the graph does not read would have no memory: the cells only where flash
     // attention or the CPU prefill's first keys read them
-    if (!in->cells && ((terms && !prefill) || (sink && !masked))) {
+    // the slots go with the cells where the CPU reads them itself: the turbo tiles' terms, or
+    // a prefill's host op (tq_sink_keys); a CPU decode without the terms takes the corrections
+    const bool sink_host = sink && !masked && (terms || prefill);
+    const bool sink_lowered = sink && !sink_host;
+    if (!in->cells && ((terms && !prefill) || sink_host)) {
         in->cells = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_cells, 2);
         ggml_set_input(in->cells);
         ggml_set_name(in->cells, "tq_kv_cells");
     }
-    in->cells_slots = in->cells_slots || (sink && !masked);
+    in->cells_slots = in->cells_slots || sink_host;
     GGML_ASSERT(!in->cells || in->cells->ne[0] == n_cells);
     ggml_tensor * sink_d = nullptr; // the lowered first keys' corrections (tq_sink_delta)
-    if (sink && masked) {
+    if (sink_lowered) {
         tq_sink_select_inputs(ctx, in, (*k)->ne[2], (*k)->ne[3]);
         sink_d = tq_sink_delta(ctx, *k, in->sel_cells, in->sel_slots, sink_rows, sink_q);
     }
@@ -351,7 +359,7 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
         ggml_tensor * cols = in->cols[il];
         GGML_ASSERT(cols && cols->ne[1] == (*k)->ne[3]);
         ggml_tensor * mu = ggml_cont(ctx, ggml_view_3d(ctx, cols, hd, (*k)->ne[1], cols->ne[1], hd * sizeof(float), cols->nb[1], 0));
-        ggml_tensor * slots = sink && !masked ? ggml_view_1d(ctx, in->cells, n_cells, in->cells->nb[1]) : nullptr;
+        ggml_tensor * slots = sink_host ? ggml_view_1d(ctx, in->cells, n_cells, in->cells->nb[1]) : nullptr;
         const tq_rf_pairs pr = { rope_type != LLAMA_ROPE_TYPE_NORM, kv->tq_kmean_n_rot(il) };
         *k = tq_rf_keys(ctx, *k, mu, tab_cells, rot, pr, llama_mul_mat_hadamard, slots, sink_rows, sink_q,
                         sink_d ? tq_sink_keys_delta(ctx, sink_d, in->sel_onehot) : nullptr, !masked);

@@ -175,7 +175,7 @@ void llama_kv_cache::tq_kmean_init(ggml_type type_k) {
     tq_rf_lowered_asked = opts.value[TQ_OPT_K_TERMS] == 1; // k_terms = lowered (tq-options.def)
     if (tq_rf_want) {
         LLAMA_LOG_INFO("%s: turbo exact first keys: %s (%s; where the K mean in RoPE's frame and flash attention over "
-                       "turbo K and V run, decided with the frame when the first graph is built; --tq-k-sink off turns "
+                       "a turbo K run, decided with the frame when the first graph is built; --tq-k-sink off turns "
                        "them off)\n", __func__, want_sink ? "on" : "off", src_sink);
     }
     if (tq_kmean) {
@@ -465,15 +465,17 @@ int64_t llama_kv_cache::tq_sink_slots() const {
 }
 
 // Whether attention reads the exact first keys (tq-sink.h, "Where it applies"): the slots are
-// kept and flash attention runs over turbo K and V, which a turbo V implies (llama refuses a
-// quantized V cache without it). The mean in RoPE's frame is the caller's to check: the slots
-// are read only with it.
+// kept and every layer's K is turbo; flash attention then reads them whatever V is. The cache
+// does not know whether flash attention is on: with it off (possible only with a V that is not
+// quantized) the slots are written and not read, and the statistics still leave position 0
+// out, which keeps attention exact. The mean in RoPE's frame is the caller's to check: the
+// slots are read only with it.
 bool llama_kv_cache::tq_sink_reads() const {
     if (tq_sink_type == GGML_TYPE_COUNT) {
         return false;
     }
     for (const auto & layer : layers) {
-        if (!layer.k || !layer.v || !TQ_GGML_IS_TURBO(layer.k->type) || !TQ_GGML_IS_TURBO(layer.v->type)) {
+        if (!layer.k || !TQ_GGML_IS_TURBO(layer.k->type)) {
             return false;
         }
     }

@@ -27,13 +27,14 @@
  * token) and still differ, so taking any slot with those bytes would make one sequence's
  * attention depend on another's.
  *
- * Where it applies: the mean in RoPE's frame (tq-kmean-rope.h) with flash attention over
- * turbo K and V: on a device that runs the turbo K terms (the CPU, RPC) its decode tiles
- * (tq-ggml-fa.h) and the prefill path that decodes K to f32 (tq_rf_keys, tq_sink_keys); on
- * one that does not (tq_kmean_rope_masked: Vulkan), the lowered form below, q.(R_j - k_c) in
- * the per-head mask of a decode and R_j - k_c added to a prefill's decoded keys. Without
- * flash attention over turbo K and V, and with the fitted mean, every path keeps the decoded
- * key, so that a sequence gets the same keys however its tokens were batched. For the same reason a first ubatch too
+ * Where it applies: the mean in RoPE's frame (tq-kmean-rope.h) with flash attention over a
+ * turbo K, whatever V is: on a device that runs the turbo K terms (the CPU, RPC) with a turbo
+ * V its decode tiles (tq-ggml-fa.h), on the CPU the prefill path that decodes K to f32
+ * (tq_rf_keys, tq_sink_keys), and everywhere else (a device that takes the terms as a mask,
+ * tq_kmean_rope_masked: Vulkan, CUDA; a CPU decode over a V that is not turbo) the lowered
+ * form below, q.(R_j - k_c) in the per-head mask of a decode and R_j - k_c added to a
+ * prefill's decoded keys. Without flash attention, and with the fitted mean, every path keeps
+ * the decoded key, so that a sequence gets the same keys however its tokens were batched. For the same reason a first ubatch too
  * small to give the statistics (fewer than TQ_KMEAN_MIN_TOKENS_SKIP tokens past position 0)
  * runs as KEEP over m = 0, s = 1 while the slots are on (tq_kmean_prepare): the ZERO graph
  * would neither write nor read them. The statistics leave the tokens at position 0 out
