@@ -310,6 +310,7 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
                                     const ggml_tensor * v, bool flash_attn, const llama_kv_cache_context * mctx, int il,
                                     float kq_scale, ggml_tensor * rot, int rope_type, ggml_tensor * k_cur, ggml_tensor * q) {
     const llama_kv_cache * kv = mctx->tq_kv();
+    kv->tq_note_flash_attn(flash_attn);
     ggml_tensor * k_mean = mctx->tq_get_k_mean(il);
     tq_kmean_input * in = tq_kmean_rope_is(k_mean) ? tq_kmean_input_find(res, kv) : nullptr;
     ggml_tensor * A = in && in->coeffs.size() > (size_t) il ? in->coeffs[il] : nullptr;

@@ -465,17 +465,17 @@ int64_t llama_kv_cache::tq_sink_slots() const {
 }
 
 // Whether attention reads the exact first keys (tq-sink.h, "Where it applies"): the slots are
-// kept and every layer's K is turbo; flash attention then reads them whatever V is. The cache
-// does not know whether flash attention is on: with it off (possible only with a V that is not
-// quantized) the slots are written and not read, and the statistics still leave position 0
-// out, which keeps attention exact. The mean in RoPE's frame is the caller's to check: the
-// slots are read only with it.
+// kept, every layer's K is turbo and flash attention reads it, whatever V is. A turbo V implies
+// flash attention (llama refuses a quantized V without it); with another V the graphs say
+// (tq_note_flash_attn; the reserve graphs are built before any ubatch). The mean in RoPE's
+// frame is the caller's to check: the slots are read only with it.
 bool llama_kv_cache::tq_sink_reads() const {
     if (tq_sink_type == GGML_TYPE_COUNT) {
         return false;
     }
     for (const auto & layer : layers) {
-        if (!layer.k || !TQ_GGML_IS_TURBO(layer.k->type)) {
+        if (!layer.k || !TQ_GGML_IS_TURBO(layer.k->type) ||
+            (tq_sink_fa == 0 && !(layer.v && TQ_GGML_IS_TURBO(layer.v->type)))) {
             return false;
         }
     }
