@@ -323,14 +323,14 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
     ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, n_cells + TQ_FA_TERM_STEPS, "tq_kmean_rope_kv");
     GGML_ASSERT(tab->ne[1] == n_cells + TQ_FA_TERM_STEPS);
     ggml_tensor * tab_cells = ggml_view_2d(ctx, tab, tab->ne[0], n_cells, tab->nb[1], 0);
-    const bool turbo_fa = flash_attn && TQ_GGML_IS_TURBO((*k)->type) && TQ_GGML_IS_TURBO(v->type);
+    const bool fa_turbo_k = flash_attn && TQ_GGML_IS_TURBO((*k)->type);
+    const bool turbo_fa = fa_turbo_k && TQ_GGML_IS_TURBO(v->type);
     const bool masked = kv->tq_kmean_rope_masked(il);
     const bool terms = turbo_fa && !masked;
     // the first keys wherever flash attention reads a turbo K, whatever V is: natively with the
     // terms, else lowered (a CPU prefill's host op, or the corrections of tq_sink_delta)
     ggml_tensor * sink_rows = nullptr, * sink_q = nullptr;
-    const bool sink = flash_attn && TQ_GGML_IS_TURBO((*k)->type) &&
-                      tq_sink_graph(ctx, in, kv, il, k_cur, A->ne[2], &sink_rows, &sink_q);
+    const bool sink = fa_turbo_k && tq_sink_graph(ctx, in, kv, il, k_cur, A->ne[2], &sink_rows, &sink_q);
     // K decoded to f32 with R_p mu' added (tq_rf_keys) only for the tiled kernel of a CPU
     // prefill (tq_llama_prefill_decode) and for a prefill on a device without the terms; where
     // that is off (TQ_PREFILL_DECODE=0) a prefill over turbo K and V on the CPU takes the
