@@ -12,6 +12,7 @@ extern "C" {
     fn tq_test_kmean(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kbal(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean_rope(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_kmean_rope_node(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean_stat_w(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean_streams(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_sink(err: *mut c_char, cap: usize) -> c_int;
@@ -192,6 +193,14 @@ fn k_q_channel_balancing_is_logit_exact_and_rope_tied() {
 #[test]
 fn k_mean_in_rope_frame_is_logit_exact_per_key() {
     check(|e, n| unsafe { tq_test_kmean_rope(e, n) });
+}
+
+/// The lowered terms with the layer's own rope node (tq_rf_rope_of): the stored keys, the
+/// cells' table and R_p mu' equal the host table's within ggml's f32 angles, and the logits
+/// through the stored keys plus the rope table's mask equal q.k.
+#[test]
+fn k_mean_through_the_layers_rope_matches_the_table() {
+    check(|e, n| unsafe { tq_test_kmean_rope_node(e, n) });
 }
 
 /// The SET statistics' token weights (tq_kmean_stat_weights in ggml-ext/llama/tq-kmean.h):

@@ -509,12 +509,15 @@ fn turbo_k_without_flash_attention_works() {
 /// docs/KV-CACHE.md), forced on the CPU with `TQ_K_TERMS=lowered`, against the CPU's own
 /// terms: 4 sequences per batch at ctx 256 (a unified cache with 4 first-key slots), as one
 /// prefill ubatch decoded to f32 (`TQ_PREFILL_DECODE=1`: K decoded with `R_p·μ'` and the first
-/// keys' corrections, the same floats as the native prefill, KLD 0.041986 both, measured), as
-/// one prefill ubatch on the turbo tiles (the default) and as decode-size ubatches of 32 (both
-/// the tiles with the terms, against the per-head mask with `q·(R_j − k_c)`: measured native
-/// 0.0476 ± 0.0057, lowered 0.0439 ± 0.0045, lowered without first keys 0.0546; two correct
-/// roundings of a quantized cache differ by about their standard errors). A wrong slot, stream
-/// or head index moves the KLD far past that; the exactness of each piece is tests/ggml_ops.rs's.
+/// keys' corrections), as one prefill ubatch on the turbo tiles (the default) and as
+/// decode-size ubatches of 32 (both the tiles with the terms, against the per-head mask with
+/// `q·(R_j − k_c)`). The lowered form turns the mean with the layer's own rope node (ggml's f32
+/// angles) where the native one takes the host's table (double precision), so no case gives
+/// the same floats: measured native 0.0444 ± 0.0059, 0.0455 ± 0.0046, 0.0431 ± 0.0039 against
+/// lowered 0.0427 ± 0.0031, 0.0427 ± 0.0031, 0.0401 ± 0.0042 (lowered without first keys
+/// 0.0546); two correct roundings of a quantized cache differ by about their standard errors.
+/// A wrong slot, stream or head index moves the KLD far past that; the exactness of each piece
+/// is tests/ggml_ops.rs's.
 #[test]
 fn lowered_k_terms_give_the_native_quality() {
     let base = std::env::temp_dir().join(format!("tq-kld-base-lowered-{}.bin", std::process::id()));
@@ -556,14 +559,9 @@ fn lowered_k_terms_give_the_native_quality() {
         got.push((kn, en, kl, el));
     }
     let _ = std::fs::remove_file(&base);
-    let (kn, _, kl, _) = got[0];
-    assert!(
-        (kl - kn).abs() <= 1e-4,
-        "f32 prefill: lowered KLD {kl} is not the native {kn} (the same floats were measured)"
-    );
-    for (what, &(kn, en, kl, el)) in ["tiles' prefill", "-ub 32"].iter().zip(&got[1..]) {
+    for (what, &(kn, en, kl, el)) in ["f32 prefill", "tiles' prefill", "-ub 32"].iter().zip(&got) {
         assert!(
-            // -ub 32 measured 0.0037 apart, 0.36 of the two errors' sum
+            // measured 0.0016, 0.0028 and 0.0030 apart: 0.18, 0.37 and 0.37 of the errors' sum
             (kl - kn).abs() <= en + el,
             "{what}: lowered KLD {kl} ± {el} is further from the native {kn} ± {en} than their errors' sum"
         );

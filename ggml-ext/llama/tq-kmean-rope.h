@@ -144,6 +144,63 @@ static inline ggml_tensor * tq_rf_trig(ggml_context * ctx, ggml_tensor * T, int 
     return ggml_view_3d(ctx, T, half, 1, T->ne[1], T->nb[1], T->nb[1], (size_t) which * half * T->nb[0]);
 }
 
+/* The layer's own rope, applied again where the terms are lowered (tq_kmean_rope_masked).
+   Where the layer's K is the output of ggml's rope over the whole head with NORM or NEOX
+   pairs, that node's parameters (frequencies, scaling, frequency factors) turn the mean with
+   the keys (s k - mu' before the rope instead of s R_p k - R_p mu' after it: the node that
+   the chain of halves and products took, with the keys' own positions) and give the cells'
+   table as cos/sin of the same angles (tq_rf_rope_table). So what a key stores and what its
+   logit gets back are turned by one arithmetic, the rope's, on whatever backend runs it, in a
+   few nodes instead of about fifteen, and the cells' table is built on the device from their
+   positions instead of uploaded every step (hd floats a cell). Any other K (partial or
+   multi-section RoPE, an offset, an in-place rope, a K built after its rope) gets NULL and
+   the host's tables. The host's table is exact in double precision, ggml's rope is f32: the
+   two differ by rounding, so a layer takes one or the other on both sides. */
+static inline const ggml_tensor * tq_rf_rope_of(const ggml_tensor * k, tq_rf_pairs pr) {
+    if (!k || k->op != GGML_OP_ROPE || k->view_src || k->type != GGML_TYPE_F32 || !k->src[0] ||
+        k->src[0]->type != GGML_TYPE_F32 || k->ne[3] != 1) {
+        return nullptr;
+    }
+    const int32_t * p = k->op_params;
+    const int64_t hd = k->ne[0];
+    const ggml_tensor * pos = k->src[1];
+    if (p[2] != (pr.neox ? GGML_ROPE_TYPE_NEOX : GGML_ROPE_TYPE_NORMAL) || p[1] != hd || p[15] != 0 ||
+        tq_rf_nrot(pr, hd) != hd || !pos || pos->type != GGML_TYPE_I32 || pos->ne[0] != k->ne[2]) {
+        return nullptr;
+    }
+    return k;
+}
+
+/* x [hd, n1, n] turned as `rope` (tq_rf_rope_of) turns its input, at positions pos (i32 [n]),
+   with rope's pairing or another (mode). */
+static inline ggml_tensor * tq_rf_rope_apply(ggml_context * ctx, ggml_tensor * x, ggml_tensor * pos, const ggml_tensor * rope,
+                                             int mode) {
+    const int32_t * p = rope->op_params;
+    float f[6]; // freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow
+    memcpy(f, p + 5, sizeof(f));
+    return ggml_rope_ext(ctx, x, pos, rope->src[2], p[1], mode, p[4], f[0], f[1], f[2], f[3], f[4], f[5]);
+}
+
+/* The table [hd, n] (rows i < hd/2 cos, hd/2 + i sin of pair i's angle) of positions pos
+   (i32 [n]) under `rope`: NEOX pairs (i, i + hd/2) turn e = [1 .. 1, 0 .. 0] (f32 [hd, 1, 1])
+   into [cos | sin], the layout of tq_rf_trig whatever the model's pairing (both pairings
+   take pair i's angle from the same formula). YaRN's attention factor scales these as it
+   scales the keys, on both sides alike. */
+static inline ggml_tensor * tq_rf_rope_table(ggml_context * ctx, ggml_tensor * e, ggml_tensor * pos, const ggml_tensor * rope) {
+    const int64_t hd = e->ne[0], n = pos->ne[0];
+    ggml_tensor * x = ggml_repeat_4d(ctx, e, hd, 1, n, 1);
+    return ggml_reshape_2d(ctx, tq_rf_rope_apply(ctx, x, pos, rope, GGML_ROPE_TYPE_NEOX), hd, n);
+}
+
+/* R_p mu for the cells: mu [hd, nh, ns] (contiguous; stream s's mean) at positions pos (i32
+   [n ns], stream after stream) under `rope` -> [hd, nh, n ns]. */
+static inline ggml_tensor * tq_rf_rope_mean(ggml_context * ctx, ggml_tensor * mu, ggml_tensor * pos, const ggml_tensor * rope) {
+    const int64_t hd = mu->ne[0], nh = mu->ne[1], ns = mu->ne[2], n = pos->ne[0] / ns;
+    GGML_ASSERT(ggml_is_contiguous(mu) && n * ns == pos->ne[0]);
+    ggml_tensor * r = ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, mu, hd, nh, 1, ns), hd, nh, n, ns);
+    return tq_rf_rope_apply(ctx, ggml_reshape_3d(ctx, r, hd, nh, n * ns), pos, rope, rope->op_params[2]);
+}
+
 /* R_p mu and the coefficients are CPU ops of their own (ggml_custom_4d: tq_rf_rotate_mean, and
    the coefficients inside tq_rf_keep) where the layer's K is on a device that runs the turbo K
    terms (the CPU, RPC's client side): as a chain of halves, products and joins each is about
@@ -329,15 +386,18 @@ static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, g
 /* Prefill: the cache's keys k [hd, nkv, n_kv, ns] (the cache's type, rotated) as f32 with
    R_p mu' added back per cell (rotated by rot, the cache's rotation, when there is one).
    With the exact first keys' slots (tq-sink.h; S each cell's slot) a matching cell's decoded
-   rows are its slot's. */
+   rows are its slot's. rm: R_p mu' of the cells where the caller has it (tq_rf_rope_mean;
+   T is then not read), else computed from T. */
 static inline ggml_tensor * tq_rf_keys(ggml_context * ctx, ggml_tensor * k, ggml_tensor * mu, ggml_tensor * T,
                                        ggml_tensor * rot, tq_rf_pairs pr,
                                        ggml_tensor * (*rotate)(ggml_context *, ggml_tensor *, ggml_tensor *),
                                        ggml_tensor * S = nullptr, ggml_tensor * sink_rows = nullptr,
                                        ggml_tensor * sink_q = nullptr, ggml_tensor * k_extra = nullptr,
-                                       bool host_ops = true) {
-    GGML_ASSERT(k->ne[2] * k->ne[3] == T->ne[1]); // ne[3]: the view's streams, T's column blocks
-    ggml_tensor * rm = host_ops ? tq_rf_rotate_mean(ctx, mu, T, pr) : tq_rf_rotate_mean_ops(ctx, mu, T, pr); // [hd, nkv, n_kv ns]
+                                       bool host_ops = true, ggml_tensor * rm = nullptr) {
+    GGML_ASSERT(rm ? rm->ne[2] == k->ne[2] * k->ne[3] : k->ne[2] * k->ne[3] == T->ne[1]); // ne[3]: the view's streams
+    if (!rm) {
+        rm = host_ops ? tq_rf_rotate_mean(ctx, mu, T, pr) : tq_rf_rotate_mean_ops(ctx, mu, T, pr); // [hd, nkv, n_kv ns]
+    }
     if (rot) {
         rm = rotate(ctx, rm, rot);
     }

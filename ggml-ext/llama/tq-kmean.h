@@ -315,9 +315,10 @@ static inline ggml_tensor * tq_kmean_rf_stats(ggml_context * ctx, ggml_tensor * 
    layout, one column per block of the tokens): k [hd, nkv, nt] -> s * k - R_p mu' (returned),
    *q_cur -> q / s, *coeffs the per-key term's coefficients A of q / s against mu'. On the CPU
    (host_ops) one fused op (tq_rf_keep); elsewhere ops every backend has, per block by
-   broadcasting. */
+   broadcasting, with R_p mu' by k's own rope where rope (tq_rf_rope_of) is given. */
 static inline ggml_tensor * tq_kmean_rf_use(ggml_context * ctx, ggml_tensor ** q_cur, ggml_tensor * k, ggml_tensor * cols,
-                                            ggml_tensor * tab, bool bal, tq_rf_pairs pr, bool host_ops, ggml_tensor ** coeffs) {
+                                            ggml_tensor * tab, bool bal, tq_rf_pairs pr, bool host_ops, ggml_tensor ** coeffs,
+                                            const ggml_tensor * rope = nullptr) {
     if (host_ops) {
         return tq_rf_keep(ctx, q_cur, k, cols, tab, bal, pr, coeffs);
     }
@@ -326,15 +327,29 @@ static inline ggml_tensor * tq_kmean_rf_use(ggml_context * ctx, ggml_tensor ** q
     const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1], g = nq / nkv, nb = cols->ne[1], per = nt / nb;
     GGML_ASSERT(cols->ne[0] == (bal ? 2 : 1) * hd * nkv && nt % nb == 0 && nq % nkv == 0);
     ggml_tensor * m = ggml_cont(ctx, ggml_view_3d(ctx, cols, hd, nkv, nb, hd * sizeof(float), cols->nb[1], 0));
+    ggml_tensor * s4 = nullptr; // s per block [hd, nkv, 1, nb]
     if (bal) {
         ggml_tensor * d = ggml_cont(ctx, ggml_view_3d(ctx, cols, hd, nkv, nb, hd * sizeof(float), cols->nb[1], (size_t) hd * nkv * sizeof(float)));
         ggml_tensor * s = ggml_scale_bias(ctx, d, 1.0f, 1.0f);                                          // [hd, nkv, nb]
         ggml_tensor * sq = ggml_reshape_4d(ctx, ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, s, hd, 1, nkv, nb), hd, g, nkv, nb), hd, nq, 1, nb);
         q = ggml_reshape_3d(ctx, ggml_div(ctx, ggml_reshape_4d(ctx, q, hd, nq, per, nb), sq), hd, nq, nt);
-        k = ggml_reshape_3d(ctx, ggml_mul(ctx, ggml_reshape_4d(ctx, k, hd, nkv, per, nb), ggml_reshape_4d(ctx, s, hd, nkv, 1, nb)), hd, nkv, nt);
+        s4 = ggml_reshape_4d(ctx, s, hd, nkv, 1, nb);
+        if (!rope) {
+            k = ggml_reshape_3d(ctx, ggml_mul(ctx, ggml_reshape_4d(ctx, k, hd, nkv, per, nb), s4), hd, nkv, nt);
+        }
     }
     *q_cur = q;
     *coeffs = tq_rf_coeffs_ops(ctx, q, m, pr);
+    if (rope) {
+        // s k - R_p mu' = R_p (s k~ - mu'), k~ the rope's input (s is equal on a pair's channels)
+        ggml_tensor * kp = rope->src[0];
+        ggml_tensor * x = ggml_view_4d(ctx, kp, hd, nkv, per, nb, kp->nb[1], kp->nb[2], kp->nb[2] * per, 0);
+        if (s4) {
+            x = ggml_mul(ctx, x, s4);
+        }
+        x = ggml_sub(ctx, x, ggml_reshape_4d(ctx, m, hd, nkv, 1, nb));
+        return tq_rf_rope_apply(ctx, ggml_reshape_3d(ctx, x, hd, nkv, nt), rope->src[1], rope, rope->op_params[2]);
+    }
     return ggml_sub(ctx, k, tq_rf_rotate_mean_ops(ctx, m, tab, pr));
 }
 
@@ -355,11 +370,13 @@ static inline ggml_tensor * tq_kmean_rf_use(ggml_context * ctx, ggml_tensor ** q
    kind TQ_KMEAN_KEEP (every block KEEP): no write, no statistics; otherwise the chosen columns
    go back to k_mean (set_rows on streams), and kind TQ_KMEAN_SET computes the statistics.
    streams, sel: i32 [nb + 1] (the last of streams is n_stream, the shared column's row).
-   Returns k' as tq_kmean_rf_use, and the columns the ubatch's blocks run on in *cols. */
+   Returns k' as tq_kmean_rf_use, and the columns the ubatch's blocks run on in *cols. rope
+   (without host ops only): k's rope node (tq_rf_rope_of), which then turns the mean. */
 static inline ggml_tensor * tq_kmean_rf_streams(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor ** q_cur, ggml_tensor * k,
                                                 ggml_tensor * k_mean, int kind, ggml_tensor * streams, ggml_tensor * sel,
                                                 ggml_tensor * tab, ggml_tensor * stat_w, float kq_scale, tq_rf_pairs pr,
-                                                bool host_ops, ggml_tensor ** coeffs, ggml_tensor ** cols) {
+                                                bool host_ops, ggml_tensor ** coeffs, ggml_tensor ** cols,
+                                                const ggml_tensor * rope = nullptr) {
     const int64_t hd = k->ne[0], nkv = k->ne[1], nb = streams->ne[0] - 1, F = k_mean->ne[0];
     const bool bal = F == tq_kmean_floats(hd, nkv, true);
     GGML_ASSERT(bal || F == tq_kmean_floats(hd, nkv, false));
@@ -385,7 +402,7 @@ static inline ggml_tensor * tq_kmean_rf_streams(ggml_context * ctx, ggml_cgraph 
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, k_mean, use, streams));
     }
     *cols = ggml_view_2d(ctx, use, F, nb, use->nb[1], 0);
-    return tq_kmean_rf_use(ctx, q_cur, k, *cols, tab, bal, pr, host_ops, coeffs);
+    return tq_kmean_rf_use(ctx, q_cur, k, *cols, tab, bal, pr, host_ops, coeffs, rope);
 }
 
 /* Before the cache's rotation: k_cur [hd, n_head_kv, n_tokens] (roped) -> s * k - m and

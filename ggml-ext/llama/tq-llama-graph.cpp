@@ -23,6 +23,7 @@
 #include "tq-sink.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -72,12 +73,21 @@ public:
         }
         if (cells) {
             kv->tq_sink_fill_cells(*ubatch, cells, kv_streams, cells_slots);
+            kv->tq_kv_fill_positions(*ubatch, cells, kv_streams);
+        }
+        for (ggml_tensor * t : rope_e) {
+            std::vector<float> e(t->ne[0], 0.0f);
+            std::fill(e.begin(), e.begin() + e.size() / 2, 1.0f);
+            ggml_backend_tensor_set(t, e.data(), 0, ggml_nbytes(t));
         }
         if (sel_cells) {
             kv->tq_sink_fill_select(*ubatch, sel_cells, sel_slots, sel_onehot);
         }
         for (size_t i = 0; i < tab_ub.size(); ++i) {
-            kv->tq_kmean_rope_fill((int) i, *ubatch, tab_ub[i], tab_kv[i], kv_streams, cells);
+            // a table no node reads has no memory (a lowered layer that takes its own rope
+            // reads the ubatch's only for SET statistics)
+            auto used = [](ggml_tensor * t) { return t && t->buffer ? t : nullptr; };
+            kv->tq_kmean_rope_fill((int) i, *ubatch, used(tab_ub[i]), used(tab_kv[i]), kv_streams);
         }
     }
 
@@ -85,7 +95,8 @@ public:
     // change the inputs' data)
     bool can_reuse(const llm_graph_params & params) override {
         GGML_UNUSED(params);
-        return kv->tq_kmean_mode_get() == mode && (!streams || kv->tq_kmean_n_blocks() == streams->ne[0] - 1);
+        return kv->tq_kmean_mode_get() == mode && (!streams || kv->tq_kmean_n_blocks() == streams->ne[0] - 1) &&
+               (!sink_decided || sink_wrote == kv->tq_sink_ub_writes());
     }
 
     const llama_kv_cache * kv;
@@ -107,7 +118,19 @@ public:
     int64_t kv_streams = 1;
     std::vector<ggml_tensor *> coeffs;
     std::vector<ggml_tensor *> cols; // per layer: the means [F, nb] its blocks run on
+    // per layer with the terms lowered: the rope node that turns its mean (tq_rf_rope_of), and
+    // the cells' tables built from such nodes on the device (tq_rf_rope_table), one per set of
+    // rope parameters, from e (f32 [hd, 1, 1]: 1 in the first half, 0 in the second)
+    std::vector<const ggml_tensor *> ropes;
+    struct rope_tab {
+        const ggml_tensor * rope;
+        ggml_tensor * T;
+    };
+    std::vector<rope_tab> rope_tabs;
+    std::vector<ggml_tensor *> rope_e; // one per head size
     ggml_tensor * sink_idx = nullptr; // i64 [n_tokens]: each token's slot of the exact first keys
+    // whether the graph chose about writing first keys, and wrote them (tq_sink_ub_writes)
+    bool sink_decided = false, sink_wrote = false;
     // i32 [n_kv * the view's streams, 2]: each cell's position and its slot of the exact first
     // keys (C of tq-fa-contract.h; slots all -1 unless cells_slots)
     ggml_tensor * cells = nullptr;
@@ -196,7 +219,10 @@ static ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf, llm_gr
         if (in->coeffs.size() <= (size_t) il) {
             in->coeffs.resize(il + 1, nullptr);
             in->cols.resize(il + 1, nullptr);
+            in->ropes.resize(il + 1, nullptr);
         }
+        const bool host_ops = !kv->tq_kmean_rope_masked(il);
+        in->ropes[il] = host_ops ? nullptr : tq_rf_rope_of(k_cur, pr);
         if (!in->streams) {
             in->streams = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, nb + 1);
             ggml_set_input(in->streams);
@@ -215,7 +241,7 @@ static ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf, llm_gr
             in->stat_skip_first = kv->tq_sink_reads();
         }
         return tq_kmean_rf_streams(ctx, gf, q_cur, k_cur, k_mean, mode, in->streams, in->sel, tab, in->stat_w, kq_scale, pr,
-                                   !kv->tq_kmean_rope_masked(il), &in->coeffs[il], &in->cols[il]);
+                                   host_ops, &in->coeffs[il], &in->cols[il], in->ropes[il]);
     }
     if (mode == TQ_KMEAN_SET) {
         if (!in->map) {
@@ -259,7 +285,11 @@ static bool tq_sink_graph(ggml_context * ctx, tq_kmean_input * in, const llama_k
     if (!r || !rq) {
         return false;
     }
-    if (!k_cur) {
+    if (k_cur) {
+        in->sink_decided = true;
+        in->sink_wrote = kv->tq_sink_ub_writes();
+    }
+    if (!k_cur || !in->sink_wrote) { // no first token in this ubatch: the slots as they are
         *rows = r;
         *q = rq;
         return true;
@@ -295,6 +325,44 @@ static void tq_sink_select_inputs(ggml_context * ctx, tq_kmean_input * in, int64
     ggml_set_name(in->sel_onehot, "tq_sink_sel_onehot");
 }
 
+// The cells input C of a graph (i32 [n_cells, 2], tq-fa-contract.h), made once; returns its
+// row 0, the cells' positions.
+static ggml_tensor * tq_cells_input(ggml_context * ctx, tq_kmean_input * in, int64_t n_cells) {
+    if (!in->cells) {
+        in->cells = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_cells, 2);
+        ggml_set_input(in->cells);
+        ggml_set_name(in->cells, "tq_kv_cells");
+    }
+    GGML_ASSERT(in->cells->ne[0] == n_cells);
+    return ggml_view_1d(ctx, in->cells, n_cells, 0);
+}
+
+// The cells' table [hd, n_cells] under a lowered layer's rope (tq_rf_rope_table), one per
+// graph for the layers whose ropes turn alike (same parameters and frequency factors).
+static ggml_tensor * tq_rope_cells_table(ggml_context * ctx, tq_kmean_input * in, const ggml_tensor * rope, int64_t n_cells) {
+    for (const auto & t : in->rope_tabs) {
+        if (t.rope->src[2] == rope->src[2] && t.rope->ne[0] == rope->ne[0] &&
+            memcmp(t.rope->op_params, rope->op_params, sizeof(rope->op_params)) == 0) {
+            return t.T;
+        }
+    }
+    const int64_t hd = rope->ne[0];
+    ggml_tensor * e = nullptr;
+    for (ggml_tensor * x : in->rope_e) {
+        e = x->ne[0] == hd ? x : e;
+    }
+    if (!e) {
+        e = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hd, 1, 1);
+        ggml_set_input(e);
+        ggml_format_name(e, "tq_rope_e_%lld", (long long) hd);
+        in->rope_e.push_back(e);
+    }
+    ggml_tensor * T = tq_rf_rope_table(ctx, e, tq_cells_input(ctx, in, n_cells), rope);
+    ggml_format_name(T, "tq_rope_cells_%zu", in->rope_tabs.size());
+    in->rope_tabs.push_back({ rope, T });
+    return T;
+}
+
 // The patch's call in build_attn after the mask is known: with the mean in RoPE's frame
 // (tq-kmean-rope.h) the per-key term q.R_p mu' goes back into attention, and where flash
 // attention runs over turbo K and V the first keys are kept exact (tq-sink.h): k_cur, the
@@ -320,13 +388,19 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
     const int set = kv->tq_kmean_rope_set(il);
     in->kv_streams = (*k)->ne[3];
     const int64_t n_cells = (*k)->ne[2] * (*k)->ne[3];
-    ggml_tensor * tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, n_cells + TQ_FA_TERM_STEPS, "tq_kmean_rope_kv");
-    GGML_ASSERT(tab->ne[1] == n_cells + TQ_FA_TERM_STEPS);
-    ggml_tensor * tab_cells = ggml_view_2d(ctx, tab, tab->ne[0], n_cells, tab->nb[1], 0);
     const bool fa_turbo_k = flash_attn && TQ_GGML_IS_TURBO((*k)->type);
     const bool turbo_fa = fa_turbo_k && TQ_GGML_IS_TURBO(v->type);
     const bool masked = kv->tq_kmean_rope_masked(il);
     const bool terms = turbo_fa && !masked;
+    // a lowered layer whose K side took its own rope (tq_rf_rope_of) reads the cells' angles
+    // from the same rope, on the device; every other layer from the host's table
+    const ggml_tensor * rope = masked && in->ropes.size() > (size_t) il ? in->ropes[il] : nullptr;
+    ggml_tensor * tab = nullptr, * tab_cells = nullptr; // the rope's table: made where read (a decode)
+    if (!rope) {
+        tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, n_cells + TQ_FA_TERM_STEPS, "tq_kmean_rope_kv");
+        GGML_ASSERT(tab->ne[1] == n_cells + TQ_FA_TERM_STEPS);
+        tab_cells = ggml_view_2d(ctx, tab, tab->ne[0], n_cells, tab->nb[1], 0);
+    }
     // the first keys wherever flash attention reads a turbo K, whatever V is: natively with the
     // terms, else lowered (a CPU prefill's host op, or the corrections of tq_sink_delta)
     ggml_tensor * sink_rows = nullptr, * sink_q = nullptr;
@@ -342,10 +416,8 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
     // a prefill's host op (tq_sink_keys); a CPU decode without the terms takes the corrections
     const bool sink_host = sink && !masked && (terms || prefill);
     const bool sink_lowered = sink && !sink_host;
-    if (!in->cells && ((terms && !prefill) || sink_host)) {
-        in->cells = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_cells, 2);
-        ggml_set_input(in->cells);
-        ggml_set_name(in->cells, "tq_kv_cells");
+    if ((terms && !prefill) || sink_host) {
+        tq_cells_input(ctx, in, n_cells);
     }
     in->cells_slots = in->cells_slots || sink_host;
     GGML_ASSERT(!in->cells || in->cells->ne[0] == n_cells);
@@ -362,15 +434,16 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
         ggml_tensor * mu = ggml_cont(ctx, ggml_view_3d(ctx, cols, hd, (*k)->ne[1], cols->ne[1], hd * sizeof(float), cols->nb[1], 0));
         ggml_tensor * slots = sink_host ? ggml_view_1d(ctx, in->cells, n_cells, in->cells->nb[1]) : nullptr;
         const tq_rf_pairs pr = { rope_type != LLAMA_ROPE_TYPE_NORM, kv->tq_kmean_n_rot(il) };
+        ggml_tensor * rm = rope ? tq_rf_rope_mean(ctx, mu, tq_cells_input(ctx, in, n_cells), rope) : nullptr;
         *k = tq_rf_keys(ctx, *k, mu, tab_cells, rot, pr, llama_mul_mat_hadamard, slots, sink_rows, sink_q,
-                        sink_d ? tq_sink_keys_delta(ctx, sink_d, in->sel_onehot) : nullptr, !masked);
+                        sink_d ? tq_sink_keys_delta(ctx, sink_d, in->sel_onehot) : nullptr, !masked, rm);
     } else if (terms) {
         if (in->fa.size() <= (size_t) il) {
             in->fa.resize(il + 1);
         }
         in->fa[il] = { ggml_is_contiguous(A) ? A : ggml_cont(ctx, A), tab, in->cells, sink_rows, sink_q };
     } else {
-        *kq_mask = tq_rf_mask(ctx, *kq_mask, A, tab_cells, kq_scale,
+        *kq_mask = tq_rf_mask(ctx, *kq_mask, A, rope ? tq_rope_cells_table(ctx, in, rope, n_cells) : tab_cells, kq_scale,
                               sink_d ? tq_sink_mask_delta(ctx, q, sink_d, in->sel_onehot) : nullptr);
     }
 }

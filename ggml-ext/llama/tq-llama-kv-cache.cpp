@@ -572,9 +572,9 @@ int64_t llama_kv_cache::tq_kmean_rope_hd(int set) const {
 // tokens and the cells take theirs from the same positions through the same arithmetic, so
 // what a key stores and what its logit gets back cancel exactly. An empty cell (masked) gets 0.
 // tab_kv: the cells' columns, then TQ_FA_TERM_STEPS columns for positions 0, 1, ... (T of
-// tq-fa-contract.h); pos_kv: the cells input C, whose row 0 takes the cells' positions.
+// tq-fa-contract.h).
 void llama_kv_cache::tq_kmean_rope_fill(int set, const llama_ubatch & ub, ggml_tensor * tab_ub, ggml_tensor * tab_kv,
-                                        int64_t n_stream, ggml_tensor * pos_kv) const {
+                                        int64_t n_stream) const {
     const std::vector<double> & w = tq_rf_sets.at(set);
     const int64_t half = (int64_t) w.size(), hd = 2 * half;
     auto col = [&](llama_pos p, float * dst) {
@@ -611,7 +611,7 @@ void llama_kv_cache::tq_kmean_rope_fill(int set, const llama_ubatch & ub, ggml_t
     // straight from that store.
     const int64_t n_kv = n_cells / n_stream, kv_size = v_cells[0].size();
     GGML_ASSERT(tab_kv->ne[0] == hd && n_stream >= 1 && n_cells % n_stream == 0 && ub.n_tokens % n_stream == 0);
-    GGML_ASSERT(n_kv <= kv_size && (!pos_kv || (pos_kv->ne[0] == n_cells && pos_kv->ne[1] == 2)));
+    GGML_ASSERT(n_kv <= kv_size);
     const int64_t n_tps = ub.n_tokens / n_stream;
     std::vector<float> & keep = tq_rf_tab.at(set);
     std::vector<llama_pos> & kept_pos = tq_rf_tab_pos.at(set);
@@ -631,11 +631,25 @@ void llama_kv_cache::tq_kmean_rope_fill(int set, const llama_ubatch & ub, ggml_t
             }
         }
         ggml_backend_tensor_set(tab_kv, keep.data() + at0 * hd, s * n_kv * hd * sizeof(float), n_kv * hd * sizeof(float));
-        if (pos_kv) {
-            static_assert(sizeof(llama_pos) == sizeof(int32_t), "the tiles read positions as int32");
-            ggml_backend_tensor_set(pos_kv, kept_pos.data() + at0, s * n_kv * sizeof(int32_t), n_kv * sizeof(int32_t));
+    }
+}
+
+// The cells' positions as the tables take them (an empty cell: 0), stream after stream as in
+// tq_kmean_rope_fill.
+void llama_kv_cache::tq_kv_fill_positions(const llama_ubatch & ub, ggml_tensor * dst, int64_t n_stream) const {
+    static_assert(sizeof(llama_pos) == sizeof(int32_t), "the tiles read positions as int32");
+    const int64_t n_cells = dst->ne[0], n_kv = n_cells / n_stream;
+    GGML_ASSERT(dst->type == GGML_TYPE_I32 && n_stream >= 1 && n_cells % n_stream == 0 && ub.n_tokens % n_stream == 0 &&
+                n_kv <= (int64_t) v_cells[0].size());
+    const int64_t n_tps = ub.n_tokens / n_stream;
+    std::vector<int32_t> pos((size_t) n_cells, 0);
+    for (int64_t s = 0; s < n_stream; ++s) {
+        const auto & cells = v_cells[seq_to_stream[ub.seq_id[s * n_tps][0]]];
+        for (int64_t c = 0; c < n_kv; ++c) {
+            pos[s * n_kv + c] = !cells.is_empty((uint32_t) c) ? cells.pos_get((uint32_t) c) : 0;
         }
     }
+    ggml_backend_tensor_set(dst, pos.data(), 0, pos.size() * sizeof(int32_t));
 }
 
 void llama_kv_cache::tq_kmean_set_positions(uint32_t n_pos) {
@@ -696,6 +710,7 @@ bool llama_kv_cache::tq_kmean_batch_begin() {
 // kind: KEEP when every block keeps, SET when one computes statistics, else ZERO (columns
 // chosen and written, no statistics).
 void llama_kv_cache::tq_kmean_prepare(const llama_ubatch & ubatch) {
+    tq_sink_ub_write = std::any_of(ubatch.pos, ubatch.pos + ubatch.n_tokens, [](llama_pos p) { return p == 0; });
     if (!tq_kmean) {
         return;
     }

@@ -962,6 +962,105 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
     return 0;
 }
 
+// The lowered terms with the layer's own rope (tq_rf_rope_of, tq-kmean-rope.h): against the
+// host's table in double precision, (1) the stored keys R_p (s k~ - mu') equal s k - R_p mu',
+// (2) the cells' table from the rope equals cos/sin of the same angles, (3) R_p mu' of the
+// cells equals the table chain's; all within ggml's f32 angles at positions up to 3844
+// (p w rounded to f32: about 1e-4 rad on the fastest pairs). (4) Exactness on one side: the
+// logits through the stored keys plus the mask built from the rope's table equal q.k.
+extern "C" int tq_test_kmean_rope_node(char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    const int64_t hd = 64, half = hd / 2, nkv = 2, g = 3, nq = nkv * g, n = hd * nkv, nt = 24;
+    for (bool neox : { false, true })
+    for (bool bal : { false, true }) {
+        Ctx c(32);
+        const tq_rf_pairs pr = { neox, 0 };
+        auto ch = [&](int64_t i, int ab) { return tq_rf_ch(pr, hd, i, ab); };
+        std::vector<int32_t> pos(nt);
+        for (int64_t t = 0; t < nt; ++t) pos[t] = (int32_t) (3 + 167 * t);
+        std::vector<double> w(half);
+        for (int64_t i = 0; i < half; ++i) w[i] = std::pow(10000.0, -2.0 * i / hd);
+        ggml_tensor * kpre = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nkv, nt);
+        ggml_tensor * q = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, nq, nt);
+        ggml_tensor * pt = ggml_new_tensor_1d(c.ctx, GGML_TYPE_I32, nt);
+        ggml_tensor * tab = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, hd, nt);
+        ggml_tensor * e = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, hd, 1, 1);
+        ggml_tensor * cols = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, tq_kmean_floats(hd, nkv, bal), 1);
+        std::vector<float> kv = gaussian(n * nt, 61);
+        for (auto & x : kv) x += 2.0f;
+        fill(kpre, kv);
+        const std::vector<float> qv = gaussian(hd * nq * nt, 62);
+        fill(q, qv);
+        memcpy(pt->data, pos.data(), nt * sizeof(int32_t));
+        for (int64_t t = 0; t < nt; ++t)
+            for (int64_t i = 0; i < half; ++i) {
+                ((float *) tab->data)[t * hd + i] = (float) std::cos(pos[t] * w[i]);
+                ((float *) tab->data)[t * hd + half + i] = (float) std::sin(pos[t] * w[i]);
+            }
+        for (int64_t i = 0; i < hd; ++i) ((float *) e->data)[i] = i < half ? 1.0f : 0.0f;
+        float * cd = (float *) cols->data;
+        const auto m0 = gaussian(n, 63, 2.0f), s0 = gaussian(n, 64, 0.2f);
+        memcpy(cd, m0.data(), n * sizeof(float));
+        if (bal)
+            for (int64_t h = 0; h < nkv; ++h)
+                for (int64_t i = 0; i < half; ++i) cd[n + h * hd + ch(i, 0)] = cd[n + h * hd + ch(i, 1)] = s0[h * hd + i];
+        ggml_tensor * kr = ggml_rope_ext(c.ctx, kpre, pt, nullptr, (int) hd, neox ? GGML_ROPE_TYPE_NEOX : 0, 0, 10000.0f, 1.0f,
+                                         0.0f, 1.0f, 0.0f, 0.0f);
+        const ggml_tensor * rope = tq_rf_rope_of(kr, pr);
+        if (!rope) return err.fail("neox %d: the rope node was not taken", neox);
+        if (tq_rf_rope_of(kr, { !neox, 0 })) return err.fail("neox %d: a rope of the other pairing was taken", neox);
+        ggml_tensor * qa = q, * qb = q, * Aa = nullptr, * Ab = nullptr;
+        ggml_tensor * ka = tq_kmean_rf_use(c.ctx, &qa, kr, cols, tab, bal, pr, false, &Aa);
+        ggml_tensor * kb = tq_kmean_rf_use(c.ctx, &qb, kr, cols, tab, bal, pr, false, &Ab, rope);
+        if (kb->op != GGML_OP_ROPE || kb->src[1] != pt) return err.fail("neox %d bal %d: the stored keys are not the rope's", neox, bal);
+        ggml_tensor * Tr = tq_rf_rope_table(c.ctx, e, pt, rope);
+        ggml_tensor * mu = ggml_cont(c.ctx, ggml_view_3d(c.ctx, cols, hd, nkv, 1, hd * sizeof(float), cols->nb[1], 0));
+        ggml_tensor * rma = tq_rf_rotate_mean_ops(c.ctx, mu, tab, pr), * rmb = tq_rf_rope_mean(c.ctx, mu, pt, rope);
+        ggml_tensor * mask = ggml_new_tensor_4d(c.ctx, GGML_TYPE_F32, nt, nt, 1, 1);
+        memset(mask->data, 0, ggml_nbytes(mask));
+        ggml_tensor * bias = tq_rf_mask(c.ctx, mask, Ab, Tr, 1.0f);
+        ggml_cgraph * gf = ggml_new_graph(c.ctx);
+        for (ggml_tensor * t : { ka, kb, Tr, rma, rmb, bias, qb }) ggml_build_forward_expand(gf, t);
+        ggml_graph_compute_with_ctx(c.ctx, gf, 2);
+        auto maxdiff = [](const ggml_tensor * a, const ggml_tensor * b, double * scale) {
+            const std::vector<float> x = decode(a), y = decode(b);
+            double d = 0, s = 0;
+            for (size_t i = 0; i < x.size(); ++i) {
+                d = std::max(d, (double) std::fabs(x[i] - y[i]));
+                s = std::max(s, (double) std::fabs(x[i]));
+            }
+            *scale = s;
+            return d;
+        };
+        double sk, st, sm;
+        const double dk = maxdiff(ka, kb, &sk), dt = maxdiff(tab, Tr, &st), dm = maxdiff(rma, rmb, &sm);
+        // measured: keys and R_p mu' 5e-5 .. 1.3e-4 of their largest value, the table 1.6e-4 (half
+        // an f32 ulp of the largest angle, 3844 rad)
+        if (dk > 3e-4 * sk || dt > 4e-4 || dm > 3e-4 * sm)
+            return err.fail("neox %d bal %d: rope against table: keys %g (of %g), table %g, R_p mu %g (of %g)", neox, bal, dk, sk, dt,
+                            dm, sm);
+        // (4) q.k through the stored keys and the rope table's mask, every query, key and head
+        const float * ko = (const float *) kb->data, * qo = (const float *) qb->data, * bo = (const float *) bias->data;
+        const std::vector<float> krv = decode(kr);
+        for (int64_t t = 0; t < nt; ++t)
+            for (int64_t h = 0; h < nq; ++h)
+                for (int64_t j = 0; j < nt; ++j) {
+                    double want = 0, got = 0, sc = 0;
+                    for (int64_t i = 0; i < hd; ++i) {
+                        const double qi = qv[(t * nq + h) * hd + i], ki = krv[(j * nkv + h / g) * hd + i];
+                        want += qi * ki;
+                        got += qo[(t * nq + h) * hd + i] * ko[(j * nkv + h / g) * hd + i];
+                        sc += std::fabs(qi * ki);
+                    }
+                    got += bo[(h * nt + t) * nt + j];
+                    if (std::fabs(got - want) > 1e-5 * sc)
+                        return err.fail("neox %d bal %d: q%lld.k%lld head %lld: %g through the rope's mask, want %g", neox, bal,
+                                        (long long) t, (long long) j, (long long) h, got, want);
+                }
+    }
+    return 0;
+}
+
 // The SET statistics' token weights (tq_kmean_stat_weights, tq-kmean.h). (1) The host rule:
 // tokens at position 0 count 0 where the first keys are kept exact, all count otherwise or if
 // none would. (2) In RoPE's frame with balancing, a SET weighted so that the token at
