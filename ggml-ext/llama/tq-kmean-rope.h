@@ -280,6 +280,28 @@ static inline ggml_tensor * tq_rf_coeffs_ops(ggml_context * ctx, ggml_tensor * q
     const int64_t nb = mu->ne[2], per = nt / nb;
     GGML_ASSERT(q->type == GGML_TYPE_F32 && mu->type == GGML_TYPE_F32 && mu->ne[0] == hd && nq % nkv == 0 &&
                 ggml_is_contiguous(mu) && nt % nb == 0 && mu->ne[3] == 1);
+    if (tq_rf_plain(pr, hd) && ggml_is_contiguous(q) && (nb == 1 || per == 1)) {
+        // one mean for all tokens, or one per token (a decode's streams): the means broadcast
+        // over the g query heads and the tokens as they are, and the pairs are views, so six
+        // nodes: P = q m (channel-wise), P' = q m~ (m~: each pair's channels swapped),
+        // alpha = P_a + P_b, beta = P'_b - P'_a, A = [alpha; beta]. The same products and sums
+        // as below, in the same order.
+        const size_t f = sizeof(float);
+        ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, g, nkv, nt);
+        ggml_tensor * m4 = ggml_reshape_4d(ctx, mu, hd, 1, nkv, nb);
+        // channel a (which 0) or b (1) of every pair of x [hd, n1, n2, n3] (contiguous): [half, n1 n2 n3] for
+        // neox, [1, half, n1 n2 n3] with a stride of two channels otherwise
+        auto ch = [&](ggml_tensor * x, int which) {
+            const int64_t n = x->ne[1] * x->ne[2] * x->ne[3];
+            return pr.neox ? ggml_view_2d(ctx, x, half, n, hd * f, (size_t) which * half * f)
+                           : ggml_view_3d(ctx, x, 1, half, n, 2 * f, hd * f, (size_t) which * f);
+        };
+        ggml_tensor * msw = ggml_reshape_4d(ctx, ggml_concat(ctx, ch(m4, 1), ch(m4, 0), 0), hd, 1, nkv, nb);
+        ggml_tensor * p1 = ggml_mul(ctx, q4, m4), * p2 = ggml_mul(ctx, q4, msw);
+        ggml_tensor * alpha = ggml_reshape_3d(ctx, ggml_add(ctx, ch(p1, 0), ch(p1, 1)), half, nq, nt);
+        ggml_tensor * beta = ggml_reshape_3d(ctx, ggml_sub(ctx, ch(p2, 1), ch(p2, 0)), half, nq, nt);
+        return ggml_concat(ctx, alpha, beta, 0);
+    }
     // the mean per query head (the g heads of a KV head share it), per block
     ggml_tensor * mq = ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, mu, hd, 1, nkv, nb), hd, g, nkv, nb);
     mq = ggml_reshape_3d(ctx, mq, hd, nq, nb);
@@ -367,18 +389,21 @@ static inline ggml_tensor * tq_rf_keep(ggml_context * ctx, ggml_tensor ** q_cur,
 /* Decode: the mask [n_kv, nt, 1, ns] plus kq_scale * q.R_p mu' per head, from the coefficients
    A [hd, nq, nt ns] and the cells' table T [hd, n_kv ns]: [n_kv, nt, nq, ns] in the mask's type. */
 static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, ggml_tensor * A, ggml_tensor * T,
-                                       float kq_scale, ggml_tensor * extra = nullptr) {
+                                       float kq_scale, ggml_tensor * extra = nullptr, ggml_tensor * mask_f32 = nullptr) {
     // ns streams in view: the mask is [n_kv, n_tps, 1, ns], T's columns and A's tokens come in
     // ns blocks, and each block's tokens see only that block's cells
     const int64_t ns = mask->ne[3], n_kv = mask->ne[0], n_tps = mask->ne[1], nq = A->ne[1], hd = A->ne[0];
     GGML_ASSERT(T->ne[1] == n_kv * ns && A->ne[2] == n_tps * ns && mask->ne[2] == 1);
     ggml_tensor * b = ggml_mul_mat(ctx, ggml_reshape_4d(ctx, T, hd, n_kv, 1, ns),
                                    ggml_reshape_4d(ctx, A, hd, nq * n_tps, 1, ns));        // [n_kv, nq n_tps, 1, ns]
-    b = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, b, n_kv, nq, n_tps, ns), 0, 2, 1, 3)); // [n_kv, n_tps, nq, ns]
+    b = n_tps == 1 ? ggml_reshape_4d(ctx, b, n_kv, 1, nq, ns) // one query per stream: the same layout
+                   : ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, b, n_kv, nq, n_tps, ns), 0, 2, 1, 3)); // [n_kv, n_tps, nq, ns]
     if (extra) {
         b = ggml_add(ctx, b, extra); // more raw-logit terms of the same layout (tq_sink_mask_delta)
     }
-    ggml_tensor * m = mask->type == GGML_TYPE_F32 ? mask : ggml_cast(ctx, mask, GGML_TYPE_F32);
+    // mask_f32: the mask as f32 where the caller keeps one for every layer
+    ggml_tensor * m = mask->type == GGML_TYPE_F32 ? mask : mask_f32 ? mask_f32 : ggml_cast(ctx, mask, GGML_TYPE_F32);
+    GGML_ASSERT(ggml_are_same_shape(m, mask));
     b = ggml_add(ctx, ggml_scale(ctx, b, kq_scale), m);
     return mask->type == GGML_TYPE_F32 ? b : ggml_cast(ctx, b, mask->type);
 }

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -128,6 +129,8 @@ public:
     };
     std::vector<rope_tab> rope_tabs;
     std::vector<ggml_tensor *> rope_e; // one per head size
+    // the lowered terms' masks: each graph mask with its f32 copy, made once
+    std::vector<std::pair<ggml_tensor *, ggml_tensor *>> masks_f32;
     ggml_tensor * sink_idx = nullptr; // i64 [n_tokens]: each token's slot of the exact first keys
     // whether the graph chose about writing first keys, and wrote them (tq_sink_ub_writes)
     bool sink_decided = false, sink_wrote = false;
@@ -443,8 +446,19 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
         }
         in->fa[il] = { ggml_is_contiguous(A) ? A : ggml_cont(ctx, A), tab, in->cells, sink_rows, sink_q };
     } else {
+        // the graph's mask as f32, once for the layers that share it (a sliding-window model has two)
+        ggml_tensor * mask_f32 = nullptr;
+        if ((*kq_mask)->type != GGML_TYPE_F32) {
+            for (const auto & mf : in->masks_f32) {
+                mask_f32 = mf.first == *kq_mask ? mf.second : mask_f32;
+            }
+            if (!mask_f32) {
+                mask_f32 = ggml_cast(ctx, *kq_mask, GGML_TYPE_F32);
+                in->masks_f32.emplace_back(*kq_mask, mask_f32);
+            }
+        }
         *kq_mask = tq_rf_mask(ctx, *kq_mask, A, rope ? tq_rope_cells_table(ctx, in, rope, n_cells) : tab_cells, kq_scale,
-                              sink_d ? tq_sink_mask_delta(ctx, q, sink_d, in->sel_onehot) : nullptr);
+                              sink_d ? tq_sink_mask_delta(ctx, q, sink_d, in->sel_onehot) : nullptr, mask_f32);
     }
 }
 
