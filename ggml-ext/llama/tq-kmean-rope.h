@@ -272,6 +272,18 @@ static inline ggml_tensor * tq_rf_rotate_mean_ops(ggml_context * ctx, ggml_tenso
     return tq_rf_join(ctx, ggml_reshape_3d(ctx, a, half, nh, n), ggml_reshape_3d(ctx, b, half, nh, n), pr);
 }
 
+/* Per-block values x [hd, nkv, nb] (contiguous; block b: tokens b nt/nb ..) shaped to broadcast
+   against [hd, g, nkv, nt] (the query heads of each KV head, per token): [hd, 1, nkv, nb] as
+   they are where one block or one token per block lets ggml's broadcast match them (it repeats
+   cyclically), else repeated to [hd, 1, nkv, nt]. */
+static inline ggml_tensor * tq_rf_by_token(ggml_context * ctx, ggml_tensor * x, int64_t nt) {
+    const int64_t hd = x->ne[0], nkv = x->ne[1], nb = x->ne[2], per = nt / nb;
+    if (nb == 1 || per == 1) {
+        return ggml_reshape_4d(ctx, x, hd, 1, nkv, nb);
+    }
+    return ggml_reshape_4d(ctx, ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, x, hd, nkv, 1, nb), hd, nkv, per, nb), hd, 1, nkv, nt);
+}
+
 /* The coefficients A = [alpha; beta] of q [hd, nq, nt] against mu [hd, nkv, nb] (nb blocks of
    the tokens, block b against mean b) from ops every backend has (tq_rf_coeffs_row's
    arithmetic): [hd, nq, nt]. */
@@ -280,15 +292,14 @@ static inline ggml_tensor * tq_rf_coeffs_ops(ggml_context * ctx, ggml_tensor * q
     const int64_t nb = mu->ne[2], per = nt / nb;
     GGML_ASSERT(q->type == GGML_TYPE_F32 && mu->type == GGML_TYPE_F32 && mu->ne[0] == hd && nq % nkv == 0 &&
                 ggml_is_contiguous(mu) && nt % nb == 0 && mu->ne[3] == 1);
-    if (tq_rf_plain(pr, hd) && ggml_is_contiguous(q) && (nb == 1 || per == 1)) {
-        // one mean for all tokens, or one per token (a decode's streams): the means broadcast
-        // over the g query heads and the tokens as they are, and the pairs are views, so six
-        // nodes: P = q m (channel-wise), P' = q m~ (m~: each pair's channels swapped),
-        // alpha = P_a + P_b, beta = P'_b - P'_a, A = [alpha; beta]. The same products and sums
-        // as below, in the same order.
+    if (tq_rf_plain(pr, hd)) {
+        // the pairs are views and the means broadcast over the g query heads (and, one per block
+        // or per token, over the tokens), so six nodes: P = q m (channel-wise), P' = q m~ (m~:
+        // each pair's channels swapped), alpha = P_a + P_b, beta = P'_b - P'_a, A = [alpha; beta].
+        // The products and sums of the chain below, in its order.
         const size_t f = sizeof(float);
-        ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, g, nkv, nt);
-        ggml_tensor * m4 = ggml_reshape_4d(ctx, mu, hd, 1, nkv, nb);
+        ggml_tensor * q4 = ggml_reshape_4d(ctx, tq_packed(ctx, q), hd, g, nkv, nt);
+        ggml_tensor * m4 = tq_rf_by_token(ctx, mu, nt);
         // channel a (which 0) or b (1) of every pair of x [hd, n1, n2, n3] (contiguous): [half, n1 n2 n3] for
         // neox, [1, half, n1 n2 n3] with a stride of two channels otherwise
         auto ch = [&](ggml_tensor * x, int which) {
@@ -296,12 +307,13 @@ static inline ggml_tensor * tq_rf_coeffs_ops(ggml_context * ctx, ggml_tensor * q
             return pr.neox ? ggml_view_2d(ctx, x, half, n, hd * f, (size_t) which * half * f)
                            : ggml_view_3d(ctx, x, 1, half, n, 2 * f, hd * f, (size_t) which * f);
         };
-        ggml_tensor * msw = ggml_reshape_4d(ctx, ggml_concat(ctx, ch(m4, 1), ch(m4, 0), 0), hd, 1, nkv, nb);
+        ggml_tensor * msw = ggml_reshape_4d(ctx, ggml_concat(ctx, ch(m4, 1), ch(m4, 0), 0), hd, 1, nkv, m4->ne[3]);
         ggml_tensor * p1 = ggml_mul(ctx, q4, m4), * p2 = ggml_mul(ctx, q4, msw);
         ggml_tensor * alpha = ggml_reshape_3d(ctx, ggml_add(ctx, ch(p1, 0), ch(p1, 1)), half, nq, nt);
         ggml_tensor * beta = ggml_reshape_3d(ctx, ggml_sub(ctx, ch(p2, 1), ch(p2, 0)), half, nq, nt);
         return ggml_concat(ctx, alpha, beta, 0);
     }
+    // neox with partial RoPE: a pair's channels are not one strided view (tq_rf_ch)
     // the mean per query head (the g heads of a KV head share it), per block
     ggml_tensor * mq = ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, mu, hd, 1, nkv, nb), hd, g, nkv, nb);
     mq = ggml_reshape_3d(ctx, mq, hd, nq, nb);
@@ -396,8 +408,7 @@ static inline ggml_tensor * tq_rf_mask(ggml_context * ctx, ggml_tensor * mask, g
     GGML_ASSERT(T->ne[1] == n_kv * ns && A->ne[2] == n_tps * ns && mask->ne[2] == 1);
     ggml_tensor * b = ggml_mul_mat(ctx, ggml_reshape_4d(ctx, T, hd, n_kv, 1, ns),
                                    ggml_reshape_4d(ctx, A, hd, nq * n_tps, 1, ns));        // [n_kv, nq n_tps, 1, ns]
-    b = n_tps == 1 ? ggml_reshape_4d(ctx, b, n_kv, 1, nq, ns) // one query per stream: the same layout
-                   : ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, b, n_kv, nq, n_tps, ns), 0, 2, 1, 3)); // [n_kv, n_tps, nq, ns]
+    b = tq_packed(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, b, n_kv, nq, n_tps, ns), 0, 2, 1, 3)); // [n_kv, n_tps, nq, ns]
     if (extra) {
         b = ggml_add(ctx, b, extra); // more raw-logit terms of the same layout (tq_sink_mask_delta)
     }

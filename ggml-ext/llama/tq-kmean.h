@@ -326,23 +326,16 @@ static inline ggml_tensor * tq_kmean_rf_use(ggml_context * ctx, ggml_tensor ** q
     k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);
     const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1], g = nq / nkv, nb = cols->ne[1], per = nt / nb;
     GGML_ASSERT(cols->ne[0] == (bal ? 2 : 1) * hd * nkv && nt % nb == 0 && nq % nkv == 0);
-    // a view that is contiguous already (one block) is read as it is: no copy node
+    // m and s - 1 of each block: no copy for one block, where the column is packed already
     auto part = [&](size_t off) {
-        const size_t nb2 = nb == 1 ? hd * nkv * sizeof(float) : cols->nb[1]; // one block: strides of a packed tensor
-        ggml_tensor * v = ggml_view_3d(ctx, cols, hd, nkv, nb, hd * sizeof(float), nb2, off);
-        return ggml_is_contiguous(v) ? v : ggml_cont(ctx, v);
+        return tq_packed(ctx, ggml_view_3d(ctx, cols, hd, nkv, nb, hd * sizeof(float), cols->nb[1], off));
     };
     ggml_tensor * m = part(0);
     ggml_tensor * s4 = nullptr; // s per block [hd, nkv, 1, nb]
     if (bal) {
         ggml_tensor * d = part((size_t) hd * nkv * sizeof(float));
         ggml_tensor * s = ggml_scale_bias(ctx, d, 1.0f, 1.0f);                                          // [hd, nkv, nb]
-        if (nb == 1 || per == 1) { // s broadcasts over the query heads and tokens as it is
-            q = ggml_reshape_3d(ctx, ggml_div(ctx, ggml_reshape_4d(ctx, q, hd, g, nkv, nt), ggml_reshape_4d(ctx, s, hd, 1, nkv, nb)), hd, nq, nt);
-        } else {
-            ggml_tensor * sq = ggml_reshape_4d(ctx, ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, s, hd, 1, nkv, nb), hd, g, nkv, nb), hd, nq, 1, nb);
-            q = ggml_reshape_3d(ctx, ggml_div(ctx, ggml_reshape_4d(ctx, q, hd, nq, per, nb), sq), hd, nq, nt);
-        }
+        q = ggml_reshape_3d(ctx, ggml_div(ctx, ggml_reshape_4d(ctx, q, hd, g, nkv, nt), tq_rf_by_token(ctx, s, nt)), hd, nq, nt);
         s4 = ggml_reshape_4d(ctx, s, hd, nkv, 1, nb);
         if (!rope) {
             k = ggml_reshape_3d(ctx, ggml_mul(ctx, ggml_reshape_4d(ctx, k, hd, nkv, per, nb), s4), hd, nkv, nt);

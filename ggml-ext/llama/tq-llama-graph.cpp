@@ -397,7 +397,7 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
     const bool terms = turbo_fa && !masked;
     // a lowered layer whose K side took its own rope (tq_rf_rope_of) reads the cells' angles
     // from the same rope, on the device; every other layer from the host's table
-    const ggml_tensor * rope = masked && in->ropes.size() > (size_t) il ? in->ropes[il] : nullptr;
+    const ggml_tensor * rope = in->ropes.size() > (size_t) il ? in->ropes[il] : nullptr; // set for lowered layers only
     ggml_tensor * tab = nullptr, * tab_cells = nullptr; // the rope's table: made where read (a decode)
     if (!rope) {
         tab = tq_kmean_rope_table(ctx, in, in->tab_kv, set, n_cells + TQ_FA_TERM_STEPS, "tq_kmean_rope_kv");

@@ -51,6 +51,13 @@
 
 #ifdef __cplusplus
 
+/* x as a packed tensor: a reshape where its bytes already lie in that order (a view or a
+   permute that only moves dimensions of size 1: one query, one selected cell, one block), a
+   copy node only where they do not. */
+static inline ggml_tensor * tq_packed(ggml_context * ctx, ggml_tensor * x) {
+    return ggml_is_contiguous(x) ? ggml_reshape_4d(ctx, x, x->ne[0], x->ne[1], x->ne[2], x->ne[3]) : ggml_cont(ctx, x);
+}
+
 /* The slot of each token of a ubatch: its sequence's at position 0, else the last row. */
 static inline int64_t tq_sink_slot(int32_t pos, int32_t seq, int64_t n_slots) {
     return pos == 0 && seq >= 0 && seq < n_slots ? seq : n_slots;
@@ -135,11 +142,8 @@ static inline ggml_tensor * tq_sink_mask_delta(ggml_context * ctx, ggml_tensor *
     const int64_t hd = d->ne[0], n_sel = d->ne[2], ns = d->ne[3], nq = q->ne[1], n_kv = onehot->ne[1];
     const int64_t n_tps = q->ne[2] / ns;
     GGML_ASSERT(q->ne[0] == hd && q->ne[2] == n_tps * ns && onehot->ne[0] == n_sel && onehot->ne[3] == ns);
-    // a permute that keeps the layout (one selected cell, one query per stream) is a reshape
-    ggml_tensor * dp = n_sel == 1 ? ggml_reshape_4d(ctx, d, hd, 1, d->ne[1], ns)
-                                  : ggml_cont(ctx, ggml_permute(ctx, d, 0, 2, 1, 3));              // [hd, n_sel, nkv, ns]
-    ggml_tensor * qp = n_tps == 1 && ggml_is_contiguous(q) ? ggml_reshape_4d(ctx, q, hd, 1, nq, ns)
-                                  : ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, nq, n_tps, ns), 0, 2, 1, 3)); // [hd, n_tps, nq, ns]
+    ggml_tensor * dp = tq_packed(ctx, ggml_permute(ctx, d, 0, 2, 1, 3));                           // [hd, n_sel, nkv, ns]
+    ggml_tensor * qp = tq_packed(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, nq, n_tps, ns), 0, 2, 1, 3)); // [hd, n_tps, nq, ns]
     ggml_tensor * qd = ggml_mul_mat(ctx, dp, qp); // [n_sel, n_tps, nq, ns]; head h reads KV head h / (nq / nkv)
     ggml_tensor * c = ggml_mul_mat(ctx, onehot, ggml_reshape_4d(ctx, qd, n_sel, n_tps * nq, 1, ns)); // [n_kv, n_tps nq, 1, ns]
     return ggml_reshape_4d(ctx, c, n_kv, n_tps, nq, ns);
