@@ -23,7 +23,7 @@ layers=(
   "0103 ggml-cuda ggml-cuda kernels' dispatch, flash attention, cmake"
   "0104 llama     libllama: context options, rotation, K mean, KV cache, graph"
   "0105 tools     common (arguments), llama-bench, test-backend-ops"
-  "0106 ggml-vulkan ggml-vulkan: supports_op refuses the turbo types, cmake"
+  "0106 ggml-vulkan ggml-vulkan: the turbo types and the turbo K terms (tq-vulkan.h), cmake"
 )
 # Which layer an upstream file belongs to; a new path prefix needs a line here.
 layer_of() {

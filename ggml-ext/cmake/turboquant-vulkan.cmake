@@ -1,7 +1,7 @@
 # Included by the patched ggml/src/ggml-vulkan/CMakeLists.txt right after the ggml-vulkan target
 # is defined (GGML_VULKAN=ON). It compiles our shaders (ggml-ext/ggml-vulkan/shaders/*.comp: the
-# turbo and trellis encoders for SET_ROWS/CPY and the decode for GET_ROWS/CPY and MUL_MAT's turbo
-# K) with the glslc upstream found,
+# turbo and trellis encoders for SET_ROWS/CPY, the decode for GET_ROWS/CPY and MUL_MAT's turbo
+# K, and the turbo K terms' per-head mask of flash attention) with the glslc upstream found,
 # embeds their SPIR-V in a generated tq-vulkan-shaders.cpp, and gives ggml-vulkan.cpp our glue
 # (ggml-ext/ggml-vulkan/tq-vulkan.h). The flash attention decode of turbo K/V is compiled by
 # upstream's vulkan-shaders-gen, which the patch points at the same folder (--tq-include).
@@ -10,7 +10,7 @@ set(TQ_VK_UPSTREAM_SHADER_DIR "${CMAKE_CURRENT_SOURCE_DIR}/vulkan-shaders")
 set(TQ_VK_OUT "${CMAKE_CURRENT_BINARY_DIR}/tq-vulkan-shaders")
 file(MAKE_DIRECTORY "${TQ_VK_OUT}")
 file(GLOB TQ_VK_SHADER_DEPS CONFIGURE_DEPENDS
-     "${TQ_VK_SHADER_DIR}/*.glsl" "${TQ_VK_SHADER_DIR}/*.comp" "${TQ_EXT_DIR}/abi/*.h")
+     "${TQ_VK_SHADER_DIR}/*.glsl" "${TQ_VK_SHADER_DIR}/*.comp" "${TQ_VK_SHADER_DIR}/*.h" "${TQ_EXT_DIR}/abi/*.h")
 
 # name | source | defines (one variant per line)
 set(_tq_vk_variants "")
@@ -23,7 +23,8 @@ foreach(_tq_bits 2 3 4)
         "cpy_${_t}_f32|tq_decode.comp|TQ_BITS=${_tq_bits}"
         "cpy_${_t}_f16|tq_decode.comp|TQ_BITS=${_tq_bits},D_TYPE=float16_t"
         "get_rows_${_t}|tq_decode.comp|TQ_BITS=${_tq_bits},TQ_GET_ROWS=1,D_TYPE=float16_t"
-        "get_rows_${_t}_f32|tq_decode.comp|TQ_BITS=${_tq_bits},TQ_GET_ROWS=1,D_TYPE=float")
+        "get_rows_${_t}_f32|tq_decode.comp|TQ_BITS=${_tq_bits},TQ_GET_ROWS=1,D_TYPE=float"
+        "fa_terms_${_t}|tq_fa_terms.comp|TQ_BITS=${_tq_bits}")
 endforeach()
 # the trellis types: their own encoder (a Viterbi search per block), the same decode interfaces
 foreach(_tq_k 3 2)
@@ -35,7 +36,8 @@ foreach(_tq_k 3 2)
         "cpy_${_t}_f32|tq_decode.comp|TQ_TCQ_K=${_tq_k}"
         "cpy_${_t}_f16|tq_decode.comp|TQ_TCQ_K=${_tq_k},D_TYPE=float16_t"
         "get_rows_${_t}|tq_decode.comp|TQ_TCQ_K=${_tq_k},TQ_GET_ROWS=1,D_TYPE=float16_t"
-        "get_rows_${_t}_f32|tq_decode.comp|TQ_TCQ_K=${_tq_k},TQ_GET_ROWS=1,D_TYPE=float")
+        "get_rows_${_t}_f32|tq_decode.comp|TQ_TCQ_K=${_tq_k},TQ_GET_ROWS=1,D_TYPE=float"
+        "fa_terms_${_t}|tq_fa_terms.comp|TQ_TCQ_K=${_tq_k}")
 endforeach()
 
 set(_tq_vk_spvs "")

@@ -14,10 +14,14 @@
  *                broadcast) and an f32 B: KQ with flash attention off (tq_vk_mul_mat: A decoded to
  *                f16, or f32 under GGML_PREC_F32, then upstream's matmul), and the views of such
  *                a cache.
- *   refused      MUL_MAT with a turbo B or an f16 B, MUL_MAT_ID, and flash attention that carries
- *                the turbo K terms (tq-fa-contract.h: the exact first key and the mean in RoPE's
- *                frame are not in these shaders; ggml_backend_dev_supports_op refuses that op
- *                first, and llama lowers the terms to a mask per head, docs/VULKAN.md).
+ *                FLASH_ATTN_EXT that carries the turbo K terms (tq-fa-contract.h: the K mean in
+ *                RoPE's frame and the exact first keys) over a turbo K: shaders/tq_fa_terms.comp
+ *                turns them and the op's mask into a mask per head, in a scratch buffer of the
+ *                context, and upstream's flash attention runs with that mask (tq_vk_flash_attn).
+ *   refused      MUL_MAT with a turbo B or an f16 B, MUL_MAT_ID, and flash attention with the
+ *                terms under a soft-cap or ALiBi (they would scale a term that belongs before
+ *                them) or in a layout the shader does not read (tq_vk_fa_terms_ok); llama then
+ *                lowers the terms to a mask per head built from ops (docs/VULKAN.md).
  *
  * Our encode/decode pipelines take the slots of upstream's per-type pipeline tables
  * (pipeline_set_rows_*, pipeline_cpy_*, pipeline_get_rows*) with upstream's bindings, push
@@ -26,7 +30,8 @@
  *
  * Patch 0106-ggml-vulkan.patch calls, one line each: tq_vk_supports_op at the top of
  * ggml_backend_vk_device_supports_op, tq_vk_mul_mat at the top of ggml_vk_mul_mat (before it
- * picks mul_mat_vec, which has no turbo shader), tq_vk_load_shaders at the end of
+ * picks mul_mat_vec, which has no turbo shader), tq_vk_flash_attn before the graph's call of
+ * ggml_vk_flash_attn, tq_vk_cleanup in ggml_vk_cleanup, tq_vk_load_shaders at the end of
  * ggml_vk_load_shaders, TQ_VK_TYPE_CASES in supports_op's list of flash attention K/V types and in the two CPY
  * pipeline switches of ggml_vk_get_cpy_pipeline, and tq_vk_fa_path where get_fa_tuning_params
  * picks the shader family.
@@ -37,6 +42,7 @@
 #include "tq-ggml.h"
 #include "tq-fa-contract.h"
 #include "tq-vulkan-shaders.h"
+#include "shaders/tq_fa_terms.h"
 
 /* The shaders read the ggml type ids from turboquant_types.h (they cannot include ggml.h). */
 #define TQ_VK_ASSERT_ID(name, STEM, bits, bytes, trellis) \
@@ -53,6 +59,32 @@ static inline bool tq_vk_has_shaders(ggml_type t) {
 /* The encoder computes in f64. ggml-vulkan enables every feature the device reports. */
 static inline bool tq_vk_has_f64(const vk_device & device) {
     return device->physical_device.getFeatures().shaderFloat64 == VK_TRUE;
+}
+
+/* Whether tq_fa_terms.comp reads the terms of flash attention `op` (tq-fa-contract.h's layout):
+ * a turbo K whose views start and step in whole blocks, an f16 mask of one head (or none), no
+ * soft-cap or ALiBi (both would act on the term, which belongs before them), and a grid the
+ * device dispatches (rows and heads within the y and z limits). */
+static bool tq_vk_fa_terms_ok(const struct ggml_tensor * op) {
+    const struct ggml_tensor * q = op->src[0], * k = op->src[1], * mask = op->src[3];
+    if (!tq_fa_k_terms_valid(op) || !tq_vk_has_shaders(k->type) || q->type != GGML_TYPE_F32 || q->nb[0] != sizeof(float)) {
+        return false;
+    }
+    float max_bias = 0.0f, softcap = 0.0f;
+    memcpy(&max_bias, (const float *) op->op_params + 1, sizeof(float));
+    memcpy(&softcap, (const float *) op->op_params + 2, sizeof(float));
+    const size_t blk = ggml_type_size(k->type);
+    const int64_t n_rows = mask ? mask->ne[1] : q->ne[1];
+    if (max_bias != 0.0f || softcap != 0.0f || k->ne[0] % ggml_blck_size(k->type) != 0 || k->nb[1] % blk != 0 ||
+        k->nb[2] % blk != 0 || k->nb[3] % blk != 0 || k->view_offs % blk != 0 || q->ne[3] != k->ne[3] ||
+        n_rows > 65535 || q->ne[2] * q->ne[3] > 65535 || q->ne[1] > n_rows) {
+        return false;
+    }
+    if (mask && (mask->type != GGML_TYPE_F16 || mask->ne[0] != k->ne[1] || mask->ne[2] != 1 ||
+                 (mask->ne[3] != 1 && mask->ne[3] != k->ne[3]) || mask->nb[0] != sizeof(ggml_fp16_t))) {
+        return false;
+    }
+    return true;
 }
 
 /* -1: no turbo type in `op`, upstream decides. 0/1: refused/accepted here, or (flash attention)
@@ -94,9 +126,8 @@ static int tq_vk_supports_op(const vk_device & device, const struct ggml_tensor 
             return tq_vk_has_shaders(s0->type) && s1->type == GGML_TYPE_I32 &&
                    (op->type == GGML_TYPE_F32 || op->type == GGML_TYPE_F16);
         case GGML_OP_FLASH_ATTN_EXT:
-            /* the turbo K terms are not in the shaders: refused (ggml_backend_dev_supports_op
-             * refuses them before this, tq-fa-contract.h; this keeps the Vulkan device honest) */
-            return tq_fa_has_k_terms(op) ? 0 : -1;
+            /* with the turbo K terms: where tq_fa_terms.comp reads them, then upstream's checks */
+            return tq_fa_has_k_terms(op) && !tq_vk_fa_terms_ok(op) ? 0 : -1;
         case GGML_OP_MUL_MAT:
             /* tq_vk_mul_mat: a turbo A (KQ's K, any strides) decoded into prealloc_x, then
              * upstream's f16/f32 matmul with f32 B; what upstream takes for an f32 A besides */
@@ -131,7 +162,20 @@ static inline FaCodePath tq_vk_fa_path(FaCodePath path, ggml_type k_type, ggml_t
  * the device's address: ggml-vulkan keeps a device for the whole process (vk_instance.devices). */
 struct tq_vk_pipelines {
     vk_pipeline cpy_f16[GGML_TYPE_COUNT];
+    vk_pipeline fa_terms[GGML_TYPE_COUNT]; /* tq_fa_terms.comp, by K's type */
 };
+
+/* tq_fa_terms.comp's push constants, in its order. */
+struct tq_vk_fa_terms_pc {
+    uint32_t n_kv, n_rows, n_tok, nq, g, hd;
+    uint32_t q_off, q_nb1, q_nb2, q_nb3;
+    uint32_t k_off, k_nb1, k_nb2, k_nb3;
+    uint32_t m_off, m_nb1, m_nb3;
+    uint32_t a_off, t_off, c_off;
+    uint32_t n_cells, n_slots, r_off, r_row, rq_off, rq_row;
+    float scale;
+};
+static_assert(sizeof(tq_vk_fa_terms_pc) <= 128, "Vulkan guarantees 128 bytes of push constants");
 
 static tq_vk_pipelines & tq_vk_device_pipelines(const vk_device & device) {
     static std::mutex mutex;
@@ -160,6 +204,8 @@ static void tq_vk_load_shaders(vk_device & device, const Create & create) {
     create(device, tq_vk_device_pipelines(device).cpy_f16[GGML_TYPE_##T], "tq_cpy_" #t "_f16",                \
            TQ_VK_SPV(cpy_##t##_f16), "main", 2, sizeof(vk_op_unary_push_constants),                           \
            {(uint32_t) TQ_BLOCK_VALUES, 1, 1}, {}, 1);                                                         \
+    create(device, tq_vk_device_pipelines(device).fa_terms[GGML_TYPE_##T], "tq_fa_terms_" #t,                \
+           TQ_VK_SPV(fa_terms_##t), "main", 9, sizeof(tq_vk_fa_terms_pc), {64, 1, 1}, {}, 1);                  \
     create(device, device->pipeline_get_rows[GGML_TYPE_##T], "tq_get_rows_" #t,                                \
            TQ_VK_SPV(get_rows_##t), "main", 3, sizeof(vk_op_binary_push_constants), {512, 1, 1}, {}, 1);        \
     create(device, device->pipeline_get_rows_f32[GGML_TYPE_##T], "tq_get_rows_" #t "_f32",                     \
@@ -172,6 +218,39 @@ static void tq_vk_load_shaders(vk_device & device, const Create & create) {
 #undef TQ_VK_TYPE
 #undef TQ_VK_SPV
 }
+
+/* A contiguous tensor of `like`'s shape and type `type` whose device memory is `buf` from offset
+ * 0, for one call of upstream's op code that reads it as a source (ggml_vk_tensor_subbuffer finds
+ * the buffer through the tensor's buffer context). The buffer stays its owner's: the borrowed
+ * context lets go of it when this goes out of scope. */
+struct tq_vk_borrowed_tensor {
+    std::string name;
+    ggml_backend_vk_buffer_context buf_ctx;
+    ggml_backend_buffer buf;
+    ggml_tensor t;
+
+    tq_vk_borrowed_tensor(ggml_backend_vk_context * ctx, const vk_buffer & b, const ggml_tensor * like, ggml_type type,
+                          const char * label)
+        : name(label), buf_ctx(ctx->device, vk_buffer(b), name), buf(*like->buffer), t(*like) {
+        buf.context = &buf_ctx;
+        t.type = type;
+        t.op = GGML_OP_NONE;
+        for (ggml_tensor *& s : t.src) {
+            s = nullptr;
+        }
+        t.buffer = &buf;
+        t.view_src = nullptr;
+        t.view_offs = 0;
+        t.data = vk_ptr_base;
+        t.nb[0] = ggml_type_size(type);
+        for (int i = 1; i < GGML_MAX_DIMS; ++i) {
+            t.nb[i] = t.nb[i - 1] * t.ne[i - 1];
+        }
+    }
+    ~tq_vk_borrowed_tensor() { buf_ctx.dev_buffer = nullptr; }
+    tq_vk_borrowed_tensor(const tq_vk_borrowed_tensor &) = delete;
+    tq_vk_borrowed_tensor & operator=(const tq_vk_borrowed_tensor &) = delete;
+};
 
 /* MUL_MAT with a turbo A (src0): flash attention off, llama's KQ = mul_mat(K view, Q), K a
  * permuted view of the cache (heads interleaved in a cell's row), broadcast over the Q heads
@@ -230,31 +309,117 @@ static bool tq_vk_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, co
     ggml_vk_sync_buffers(ctx, subctx);
 
     /* the decoded A as a tensor of a buffer whose device buffer is prealloc_x */
-    std::string name = "tq_decoded_a";
-    ggml_backend_vk_buffer_context x_buf_ctx(ctx->device, vk_buffer(ctx->prealloc_x), name);
-    ggml_backend_buffer x_buf = *src0->buffer;
-    x_buf.context = &x_buf_ctx;
-    ggml_tensor x = *src0;
-    x.type = x_type;
-    x.op = GGML_OP_NONE;
-    for (ggml_tensor *& s : x.src) {
-        s = nullptr;
-    }
-    x.buffer = &x_buf;
-    x.view_src = nullptr;
-    x.view_offs = 0;
-    x.data = vk_ptr_base;
-    x.nb[0] = ggml_type_size(x_type);
-    for (int i = 1; i < GGML_MAX_DIMS; ++i) {
-        x.nb[i] = x.nb[i - 1] * x.ne[i - 1];
-    }
-
-    dst->src[0] = &x;
+    tq_vk_borrowed_tensor x(ctx, ctx->prealloc_x, src0, x_type, "tq_decoded_a");
+    dst->src[0] = &x.t;
     ggml_vk_mul_mat(ctx, subctx, cgraph, node_idx);
     dst->src[0] = src0;
-    GGML_ASSERT(x_buf_ctx.dev_buffer == ctx->prealloc_x); /* nothing resized it under the call */
-    x_buf_ctx.dev_buffer = nullptr; /* prealloc_x stays ctx's */
+    GGML_ASSERT(x.buf_ctx.dev_buffer == ctx->prealloc_x); /* nothing resized it under the call */
     ctx->prealloc_x_need_sync = true;
+    return true;
+}
+
+/* The per-head masks of flash attention with the turbo K terms (tq_vk_flash_attn): one scratch
+ * buffer per context, the last of `all`. It grows without a submit in the middle of the graph
+ * (lavapipe 22.3 corrupts its heap after one, docs/VULKAN.md): a larger buffer, at least twice
+ * the size, takes over and the smaller ones stay alive for the commands that may still use
+ * them, at most the size of the last one in all. Keyed by the context's address; tq_vk_cleanup
+ * lets go after ggml_vk_cleanup's wait. */
+struct tq_vk_fa_mask_buffers {
+    std::vector<vk_buffer> all;
+};
+
+static std::map<const ggml_backend_vk_context *, tq_vk_fa_mask_buffers> & tq_vk_fa_masks() {
+    static std::map<const ggml_backend_vk_context *, tq_vk_fa_mask_buffers> table; /* one thread per context */
+    return table;
+}
+
+static vk_buffer tq_vk_fa_mask_buffer(ggml_backend_vk_context * ctx, size_t bytes) {
+    std::vector<vk_buffer> & all = tq_vk_fa_masks()[ctx].all;
+    if (all.empty() || all.back()->size < bytes) {
+        const size_t grown = all.empty() ? bytes : std::max(bytes, 2 * all.back()->size);
+        all.push_back(ggml_vk_create_buffer_device(ctx->device, grown));
+    }
+    return all.back();
+}
+
+static void tq_vk_cleanup(ggml_backend_vk_context * ctx) {
+    tq_vk_fa_masks().erase(ctx);
+}
+
+/* FLASH_ATTN_EXT with the turbo K terms (tq-fa-contract.h): tq_fa_terms.comp writes the op's
+ * mask plus scale * (A.T + the first keys' corrections) per head into the context's scratch,
+ * and upstream's flash attention runs with that mask: the same arithmetic as llama's lowered
+ * form (tq_rf_mask, tq_sink_mask_delta), in one dispatch instead of ~25 nodes per layer.
+ * Called where ggml_vk_build_graph runs a flash attention (one patch line); false: not ours. */
+static bool tq_vk_flash_attn(ggml_backend_vk_context * ctx, vk_context & subctx, ggml_tensor * dst) {
+    if (!tq_fa_has_k_terms(dst)) {
+        return false;
+    }
+    GGML_ASSERT(tq_vk_fa_terms_ok(dst) && "turbo K terms: supports_op accepted a layout tq_fa_terms.comp does not read");
+    const ggml_tensor * q = dst->src[0], * k = dst->src[1], * mask = dst->src[3];
+    const ggml_tensor * A = dst->src[TQ_FA_SRC_A], * T = dst->src[TQ_FA_SRC_T], * C = dst->src[TQ_FA_SRC_CELLS];
+    const ggml_tensor * R = dst->src[TQ_FA_SRC_SINK_ROWS], * RQ = dst->src[TQ_FA_SRC_SINK_Q];
+    const int64_t hd = k->ne[0], n_kv = k->ne[1], nkv = k->ne[2], ns = k->ne[3], nq = q->ne[2];
+    const int64_t n_rows = mask ? mask->ne[1] : q->ne[1];
+    const size_t out_bytes = (size_t) (n_kv * n_rows * nq * ns) * sizeof(ggml_fp16_t);
+
+    vk_buffer out = tq_vk_fa_mask_buffer(ctx, out_bytes);
+    vk_pipeline pipeline = tq_vk_device_pipelines(ctx->device).fa_terms[k->type];
+    GGML_ASSERT(pipeline != nullptr);
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+
+    float scale = 1.0f;
+    memcpy(&scale, (const float *) dst->op_params + 0, sizeof(float));
+    const tq_sink_t sink = tq_sink_of(R, RQ);
+    const size_t blk = ggml_type_size(k->type), f = sizeof(float), h = sizeof(ggml_fp16_t);
+    vk_subbuffer q_buf = ggml_vk_tensor_subbuffer(ctx, q, true), k_buf = ggml_vk_tensor_subbuffer(ctx, k, true);
+    vk_subbuffer m_buf = mask ? ggml_vk_tensor_subbuffer(ctx, mask, true) : q_buf;
+    vk_subbuffer a_buf = ggml_vk_tensor_subbuffer(ctx, A, true), t_buf = ggml_vk_tensor_subbuffer(ctx, T, true);
+    vk_subbuffer c_buf = ggml_vk_tensor_subbuffer(ctx, C, true);
+    vk_subbuffer r_buf = sink.n_slots ? ggml_vk_tensor_subbuffer(ctx, R, true) : a_buf;
+    vk_subbuffer rq_buf = sink.n_slots ? ggml_vk_tensor_subbuffer(ctx, RQ, true) : k_buf;
+    tq_vk_fa_terms_pc pc = {};
+    pc.n_kv = (uint32_t) n_kv;
+    pc.n_rows = (uint32_t) n_rows;
+    pc.n_tok = (uint32_t) q->ne[1];
+    pc.nq = (uint32_t) nq;
+    pc.g = (uint32_t) (nq / nkv);
+    pc.hd = (uint32_t) hd;
+    pc.q_off = (uint32_t) (get_misalign_bytes(ctx, q) / f);
+    pc.q_nb1 = (uint32_t) (q->nb[1] / f);
+    pc.q_nb2 = (uint32_t) (q->nb[2] / f);
+    pc.q_nb3 = (uint32_t) (q->nb[3] / f);
+    pc.k_off = (uint32_t) (get_misalign_bytes(ctx, k) / blk);
+    pc.k_nb1 = (uint32_t) (k->nb[1] / blk);
+    pc.k_nb2 = (uint32_t) (k->nb[2] / blk);
+    pc.k_nb3 = (uint32_t) (k->nb[3] / blk);
+    pc.m_off = mask ? (uint32_t) (get_misalign_bytes(ctx, mask) / h) : 0xffffffffu;
+    pc.m_nb1 = mask ? (uint32_t) (mask->nb[1] / h) : 0;
+    pc.m_nb3 = mask && mask->ne[3] > 1 ? (uint32_t) (mask->nb[3] / h) : 0;
+    pc.a_off = (uint32_t) (get_misalign_bytes(ctx, A) / f);
+    pc.t_off = (uint32_t) (get_misalign_bytes(ctx, T) / f);
+    pc.c_off = (uint32_t) (get_misalign_bytes(ctx, C) / sizeof(int32_t));
+    pc.n_cells = (uint32_t) C->ne[0];
+    pc.n_slots = (uint32_t) sink.n_slots;
+    pc.r_off = sink.n_slots ? (uint32_t) (get_misalign_bytes(ctx, R) / f) : 0;
+    pc.r_row = (uint32_t) sink.row_f;
+    pc.rq_off = sink.n_slots ? (uint32_t) (get_misalign_bytes(ctx, RQ) / blk) : 0;
+    pc.rq_row = (uint32_t) (sink.row_q / blk);
+    pc.scale = scale;
+
+    ggml_vk_sync_buffers(ctx, subctx); /* the previous layer's flash attention read the scratch */
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline,
+                              { q_buf, k_buf, m_buf, a_buf, t_buf, c_buf, r_buf, rq_buf, vk_subbuffer{ out, 0, out_bytes } },
+                              pc, { (uint32_t) n_kv, (uint32_t) n_rows, (uint32_t) (CEIL_DIV(nq, (int64_t) TQ_FA_TERMS_HEADS) * ns) });
+    ggml_vk_sync_buffers(ctx, subctx);
+
+    ggml_tensor shape = *q;
+    shape.ne[0] = n_kv;
+    shape.ne[1] = n_rows;
+    shape.ne[2] = nq;
+    shape.ne[3] = ns;
+    tq_vk_borrowed_tensor m(ctx, out, &shape, GGML_TYPE_F16, "tq_fa_terms_mask");
+    ggml_vk_flash_attn(ctx, subctx, q, k, dst->src[2], &m.t, dst->src[4], dst);
     return true;
 }
 

@@ -132,14 +132,36 @@ static inline void tq_flash_attn_ext_set_k_terms(struct ggml_tensor *fa, struct 
 }
 
 /* The one place that says which backends run the terms; ggml_backend_dev_supports_op asks it
-   for every flash attention that carries them.
+   for every flash attention that carries them, except on a device that answers itself
+   (tq_fa_k_terms_own).
    - CPU: its turbo tiles (ggml-ext/ggml-cpu/tq-ggml-fa.h), i.e. K and V turbo and Q f32.
    - RPC: the remote server runs its own backend's answer (it refuses a graph whose flash
      attention its backend cannot run: ggml-rpc.cpp's graph_compute).
-   Every other backend (CUDA, Vulkan, Metal, ...) refuses until it implements them; llama then
-   lowers them to ops every backend has where the device's flash attention takes a mask per
-   head (Vulkan's shaders, CUDA's GQA kernel: the term and the first keys' corrections in that
-   mask, tq_rf_mask and tq_sink_mask_delta), and keeps the fitted mean where it does not. */
+   - Vulkan: its own supports_op answers (tq_vk_supports_op, ggml-ext/ggml-vulkan/tq-vulkan.h):
+     a shader turns the terms into the per-head mask its flash attention reads, inside the
+     flash attention node, where the layout, K's type and the op's parameters allow.
+   Every other backend (CUDA, Metal, ...) refuses until it implements them; llama then lowers
+   them to ops every backend has where the device's flash attention takes a mask per head
+   (CUDA's GQA kernel: the term and the first keys' corrections in that mask, tq_rf_mask and
+   tq_sink_mask_delta), and keeps the fitted mean where it does not. */
+static inline const char *tq_fa_dev_reg_name(ggml_backend_dev_t dev) {
+    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : NULL;
+    return reg ? ggml_backend_reg_name(reg) : "";
+}
+
+/* Whether dev's own supports_op says whether it runs the terms. */
+static inline int tq_fa_k_terms_own(ggml_backend_dev_t dev) {
+    return strcmp(tq_fa_dev_reg_name(dev), "Vulkan") == 0;
+}
+
+/* Whether the graph's pieces that feed the terms may be host ops (ggml_custom_*) where dev
+   runs them: the CPU, and RPC (whose graph splits run the host ops on the caller's CPU); a
+   GPU-class device takes them from ops it has (llama: tq_kmean_rope_dev_terms). */
+static inline int tq_fa_k_terms_host_fed(ggml_backend_dev_t dev) {
+    const char *name = tq_fa_dev_reg_name(dev);
+    return strcmp(name, "CPU") == 0 || strcmp(name, "RPC") == 0;
+}
+
 /* What the CPU runs the terms over: its turbo tiles, i.e. turbo K and V, f32 Q, this layout. */
 static inline int tq_fa_k_terms_cpu_runs(const struct ggml_tensor *op) {
     return TQ_GGML_IS_TURBO(op->src[1]->type) && TQ_GGML_IS_TURBO(op->src[2]->type) && op->src[0]->type == GGML_TYPE_F32 &&
@@ -147,8 +169,7 @@ static inline int tq_fa_k_terms_cpu_runs(const struct ggml_tensor *op) {
 }
 
 static inline int tq_fa_k_terms_supported(ggml_backend_dev_t dev, const struct ggml_tensor *op) {
-    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : NULL;
-    const char *name = reg ? ggml_backend_reg_name(reg) : "";
+    const char *name = tq_fa_dev_reg_name(dev);
     if (strcmp(name, "CPU") == 0) {
         return tq_fa_k_terms_cpu_runs(op);
     }

@@ -23,7 +23,8 @@
  *   - a ubatch of few queries (decode) over turbo K and V with flash attention: A and T
  *     become sources of the flash attention (the turbo K terms, ggml-ext/ggml/tq-fa-contract.h),
  *     which adds A.T to each key's score next to q.k, on a device that runs them (the CPU,
- *     RPC; tq_kmean_rope_masked says which do not);
+ *     RPC, Vulkan; tq_kmean_rope_masked says which do not, tq_kmean_rope_dev_terms which
+ *     run them from pieces built by their own ops);
  *   - other decodes, and every decode on a device that does not run the terms: added to the
  *     attention mask, which becomes per head ([n_kv, n_tokens, n_head]); flash attention and
  *     soft_max take a per-head mask (the lowered form, with tq-sink.h's first-key corrections);

@@ -76,6 +76,13 @@ public:
             kv->tq_sink_fill_cells(*ubatch, cells, kv_streams, cells_slots);
             kv->tq_kv_fill_positions(*ubatch, cells, kv_streams);
         }
+        if (steps && steps->buffer) {
+            std::vector<int32_t> p(TQ_FA_TERM_STEPS);
+            for (int32_t i = 0; i < TQ_FA_TERM_STEPS; ++i) {
+                p[i] = i;
+            }
+            ggml_backend_tensor_set(steps, p.data(), 0, ggml_nbytes(steps));
+        }
         for (ggml_tensor * t : rope_e) {
             std::vector<float> e(t->ne[0], 0.0f);
             std::fill(e.begin(), e.begin() + e.size() / 2, 1.0f);
@@ -126,9 +133,11 @@ public:
     struct rope_tab {
         const ggml_tensor * rope;
         ggml_tensor * T;
+        ggml_tensor * T_steps = nullptr; // T and the step columns (tq_rope_terms_table)
     };
     std::vector<rope_tab> rope_tabs;
     std::vector<ggml_tensor *> rope_e; // one per head size
+    ggml_tensor * steps = nullptr;     // i32 [TQ_FA_TERM_STEPS]: positions 0, 1, ... (tq_rope_terms_table)
     // the lowered terms' masks: each graph mask with its f32 copy, made once
     std::vector<std::pair<ggml_tensor *, ggml_tensor *>> masks_f32;
     ggml_tensor * sink_idx = nullptr; // i64 [n_tokens]: each token's slot of the exact first keys
@@ -366,6 +375,32 @@ static ggml_tensor * tq_rope_cells_table(ggml_context * ctx, tq_kmean_input * in
     return T;
 }
 
+// The contract's T (tq-fa-contract.h) under a device layer's rope: the cells' table, then the
+// step columns (positions 0 .. TQ_FA_TERM_STEPS - 1), one per graph and set of rope parameters.
+static ggml_tensor * tq_rope_terms_table(ggml_context * ctx, tq_kmean_input * in, const ggml_tensor * rope, int64_t n_cells) {
+    ggml_tensor * T = tq_rope_cells_table(ctx, in, rope, n_cells);
+    for (auto & t : in->rope_tabs) {
+        if (t.T != T) {
+            continue;
+        }
+        if (!t.T_steps) {
+            if (!in->steps) {
+                in->steps = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, TQ_FA_TERM_STEPS);
+                ggml_set_input(in->steps);
+                ggml_set_name(in->steps, "tq_fa_term_steps");
+            }
+            ggml_tensor * e = nullptr;
+            for (ggml_tensor * x : in->rope_e) {
+                e = x->ne[0] == T->ne[0] ? x : e;
+            }
+            t.T_steps = ggml_concat(ctx, T, tq_rf_rope_table(ctx, e, in->steps, rope), 1);
+        }
+        GGML_ASSERT(t.T_steps->ne[1] == n_cells + TQ_FA_TERM_STEPS);
+        return t.T_steps;
+    }
+    GGML_ABORT("tq_rope_terms_table: no cells' table");
+}
+
 // The patch's call in build_attn after the mask is known: with the mean in RoPE's frame
 // (tq-kmean-rope.h) the per-key term q.R_p mu' goes back into attention, and where flash
 // attention runs over turbo K and V the first keys are kept exact (tq-sink.h): k_cur, the
@@ -394,7 +429,8 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
     const bool fa_turbo_k = flash_attn && TQ_GGML_IS_TURBO((*k)->type);
     const bool turbo_fa = fa_turbo_k && TQ_GGML_IS_TURBO(v->type);
     const bool masked = kv->tq_kmean_rope_masked(il);
-    const bool terms = turbo_fa && !masked;
+    const bool dev_terms = masked && kv->tq_kmean_rope_dev_terms(il); // a device whose flash attention runs them
+    const bool terms = turbo_fa && (!masked || dev_terms);
     // a lowered layer whose K side took its own rope (tq_rf_rope_of) reads the cells' angles
     // from the same rope, on the device; every other layer from the host's table
     const ggml_tensor * rope = in->ropes.size() > (size_t) il ? in->ropes[il] : nullptr; // set for lowered layers only
@@ -412,17 +448,19 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
     // prefill (tq_llama_prefill_decode) and for a prefill on a device without the terms; where
     // that is off (TQ_PREFILL_DECODE=0) a prefill over turbo K and V on the CPU takes the
     // decode's turbo K terms, the same float order as a decode
-    const bool prefill = A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS && (!terms || tq_ggml_decode_for_prefill(*k, v, A->ne[2]));
+    const bool prefill =
+        A->ne[2] >= TQ_PREFILL_DECODE_MIN_TOKENS && (!terms || dev_terms || tq_ggml_decode_for_prefill(*k, v, A->ne[2]));
     // an input the graph does not read would have no memory: the cells only where flash
     // attention or the CPU prefill's first keys read them
     // the slots go with the cells where the CPU reads them itself: the turbo tiles' terms, or
     // a prefill's host op (tq_sink_keys); a CPU decode without the terms takes the corrections
     const bool sink_host = sink && !masked && (terms || prefill);
-    const bool sink_lowered = sink && !sink_host;
+    const bool sink_dev = sink && dev_terms && terms && !prefill; // read by the device's flash attention
+    const bool sink_lowered = sink && !sink_host && !sink_dev;
     if ((terms && !prefill) || sink_host) {
         tq_cells_input(ctx, in, n_cells);
     }
-    in->cells_slots = in->cells_slots || sink_host;
+    in->cells_slots = in->cells_slots || sink_host || sink_dev;
     GGML_ASSERT(!in->cells || in->cells->ne[0] == n_cells);
     ggml_tensor * sink_d = nullptr; // the lowered first keys' corrections (tq_sink_delta)
     if (sink_lowered) {
@@ -444,7 +482,10 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
         if (in->fa.size() <= (size_t) il) {
             in->fa.resize(il + 1);
         }
-        in->fa[il] = { ggml_is_contiguous(A) ? A : ggml_cont(ctx, A), tab, in->cells, sink_rows, sink_q };
+        // T: the host's table, or on a device the layer's own rope of the cells and the steps
+        ggml_tensor * T = rope ? tq_rope_terms_table(ctx, in, rope, n_cells) : tab;
+        in->fa[il] = { ggml_is_contiguous(A) ? A : ggml_cont(ctx, A), T, in->cells, sink ? sink_rows : nullptr,
+                       sink ? sink_q : nullptr };
     } else {
         // the graph's mask as f32, once for the layers that share it (a sliding-window model has two)
         ggml_tensor * mask_f32 = nullptr;

@@ -305,6 +305,9 @@ extern "C" int32_t tq_llama_rope_freqs(const llama_model * model, int32_t il, ui
 // How the device that holds a layer's K can take the turbo K terms of flash attention
 // (tq-fa-contract.h), asked through ggml's own supports_op with ops of the layer's shape:
 //   TQ_RF_NATIVE  its flash attention runs them (the CPU's turbo tiles, RPC);
+//   TQ_RF_DEVICE  its flash attention runs them, and the pieces that feed them must be ops it
+//                 has, not host ops (Vulkan: tq_fa_k_terms_host_fed), as for TQ_RF_MASKED,
+//                 whose form a prefill keeps (a per-head mask of every token is not made);
 //   TQ_RF_MASKED  it does not, but runs flash attention over the layer's K and V with a mask
 //                 per head, the form the terms are lowered to there (tq_rf_mask; prefill:
 //                 tq_rf_keys), from ops every backend has;
@@ -313,7 +316,7 @@ extern "C" int32_t tq_llama_rope_freqs(const llama_model * model, int32_t il, ui
 // The terms only ever go with turbo K and V, so a cache of other types asks about turbo4 for
 // both: the question is whether the device implements the contract, on which the mean in
 // RoPE's frame depends for its decode steps.
-enum { TQ_RF_NONE = 0, TQ_RF_NATIVE = 1, TQ_RF_MASKED = 2 };
+enum { TQ_RF_NONE = 0, TQ_RF_NATIVE = 1, TQ_RF_MASKED = 2, TQ_RF_DEVICE = 3 };
 static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t hd, int64_t n_head,
                           int64_t n_head_kv, bool lowered, std::string & dev_name) {
     ggml_backend_buffer_type_t buft = k_cache->buffer ? ggml_backend_buffer_get_type(k_cache->buffer) : nullptr;
@@ -338,8 +341,9 @@ static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cac
     tq_flash_attn_ext_set_k_terms(fa, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hd, n_head, 1),
                                   ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hd, n_kv + TQ_FA_TERM_STEPS),
                                   ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_kv, 2), nullptr, nullptr);
-    int how = ggml_backend_dev_supports_op(dev, fa) && !lowered ? TQ_RF_NATIVE : TQ_RF_NONE;
-    if (how == TQ_RF_NONE) {
+    int how = ggml_backend_dev_supports_op(dev, fa) && !lowered ? (tq_fa_k_terms_host_fed(dev) ? TQ_RF_NATIVE : TQ_RF_DEVICE)
+                                                                 : TQ_RF_NONE;
+    if (how != TQ_RF_NATIVE) {
         // the lowered form: a decode's per-head mask over the cache's own K and V (a prefill
         // decodes K, tq_rf_keys, and the turbo V then goes with K of f16)
         ggml_tensor * k2 = ggml_new_tensor_4d(ctx, k_cache->type, hd, n_kv, n_head_kv, 1);
@@ -348,7 +352,9 @@ static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cac
         ggml_tensor * k16 = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, hd, n_kv, n_head_kv, 1);
         if (ggml_backend_dev_supports_op(dev, ggml_flash_attn_ext(ctx, q, k2, v2, mh, 1.0f, 0.0f, 0.0f)) &&
             ggml_backend_dev_supports_op(dev, ggml_flash_attn_ext(ctx, q, k16, v2, mh, 1.0f, 0.0f, 0.0f))) {
-            how = TQ_RF_MASKED;
+            how = how == TQ_RF_DEVICE ? TQ_RF_DEVICE : TQ_RF_MASKED;
+        } else {
+            how = TQ_RF_NONE; // a prefill needs the masked form
         }
     }
     ggml_free(ctx);
@@ -369,10 +375,11 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
     }
     const uint32_t n_pos = std::max<uint32_t>(tq_kmean_n_pos, v_cells.empty() ? 1u : v_cells[0].size());
     const char * why = nullptr;
-    std::string why_dev, masked_dev;
-    int n_masked = 0;
+    std::string why_dev, masked_dev, dev_terms_dev;
+    int n_masked = 0, n_dev_terms = 0;
     tq_rf_layer_set.assign(hparams.n_layer_all, -1);
     tq_rf_layer_masked.assign(hparams.n_layer_all, 0);
+    tq_rf_layer_dev_terms.assign(hparams.n_layer_all, 0);
     for (const auto & layer : layers) {
         if (why || !layer.k_mean) {
             continue;
@@ -395,6 +402,9 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
         } else if (how == TQ_RF_MASKED) {
             masked_dev = dev;
             n_masked++;
+        } else if (how == TQ_RF_DEVICE) {
+            dev_terms_dev = dev;
+            n_dev_terms++;
         }
         size_t set = 0;
         while (set < tq_rf_sets.size() && tq_rf_sets[set] != w) {
@@ -406,7 +416,8 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
             tq_rf_tab_pos.emplace_back();
         }
         tq_rf_layer_set[layer.il] = (int) set;
-        tq_rf_layer_masked[layer.il] = how == TQ_RF_MASKED;
+        tq_rf_layer_masked[layer.il] = how == TQ_RF_MASKED || how == TQ_RF_DEVICE;
+        tq_rf_layer_dev_terms[layer.il] = how == TQ_RF_DEVICE;
     }
     if (why) {
         tq_rf_sets.clear();
@@ -414,6 +425,7 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
         tq_rf_tab_pos.clear();
         tq_rf_layer_set.assign(hparams.n_layer_all, -1);
         tq_rf_layer_masked.assign(hparams.n_layer_all, 0);
+        tq_rf_layer_dev_terms.assign(hparams.n_layer_all, 0);
         if (tq_kmean_exact_why) {
             // the fitted mean would not be exact here: no mean (nor balancing, which rides on it)
             tq_kmean_exact_off = true;
@@ -446,6 +458,15 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
                        "take them as a mask per head and, in a prefill, keys decoded to f32\n", __func__, n_masked,
                        masked_dev.c_str());
     }
+    if (n_dev_terms > 0) {
+        LLAMA_LOG_INFO("%s: turbo K terms: %d layer(s) on %s take them in its flash attention (a decode's; the K side "
+                       "and a prefill's keys from its own ops)\n", __func__, n_dev_terms, dev_terms_dev.c_str());
+    }
+}
+
+bool llama_kv_cache::tq_kmean_rope_dev_terms(int32_t il) const {
+    tq_kmean_rope_setup();
+    return il >= 0 && (size_t) il < tq_rf_layer_dev_terms.size() && tq_rf_layer_dev_terms[il] != 0;
 }
 
 bool llama_kv_cache::tq_kmean_rope_masked(int32_t il) const {

@@ -29,9 +29,10 @@
  *
  * Where it applies: the mean in RoPE's frame (tq-kmean-rope.h) with flash attention over a
  * turbo K, whatever V is: on a device that runs the turbo K terms (the CPU, RPC) with a turbo
- * V its decode tiles (tq-ggml-fa.h), on the CPU the prefill path that decodes K to f32
+ * V its decode tiles (tq-ggml-fa.h), Vulkan's decode (the slots as sources of its flash
+ * attention, tq_fa_terms.comp), on the CPU the prefill path that decodes K to f32
  * (tq_rf_keys, tq_sink_keys), and everywhere else (a device that takes the terms as a mask,
- * tq_kmean_rope_masked: Vulkan, CUDA; a CPU decode over a V that is not turbo) the lowered
+ * tq_kmean_rope_masked: CUDA, a Vulkan prefill; a CPU decode over a V that is not turbo) the lowered
  * form below, q.(R_j - k_c) in the per-head mask of a decode and R_j - k_c added to a
  * prefill's decoded keys. Without flash attention, and with the fitted mean, every path keeps
  * the decoded key, so that a sequence gets the same keys however its tokens were batched. For the same reason a first ubatch too

@@ -58,10 +58,11 @@ extern "C" int tq_test_fa_contract(char * err_buf, size_t cap, int * n_devices) 
                 const bool plain = ggml_backend_dev_supports_op(dev, fa_op(ctx, pr.k, pr.v, hd, false));
                 const bool terms = ggml_backend_dev_supports_op(dev, fa_op(ctx, pr.k, pr.v, hd, true));
                 const bool broken = ggml_backend_dev_supports_op(dev, fa_op(ctx, pr.k, pr.v, hd, true, true));
-                // the CPU runs the terms over turbo K and V (its tiles); every other device of
-                // this build (none but RPC implements them, and RPC has no device without a
-                // server) refuses them; nobody takes a broken layout
-                const bool want = cpu && pr.turbo;
+                // the CPU runs the terms over turbo K and V (its tiles), Vulkan over a turbo K
+                // (tq_fa_terms.comp); every other device of this build (RPC implements them
+                // too, but has no device without a server) refuses them; nobody takes a broken
+                // layout
+                const bool want = (cpu || reg == "Vulkan") && pr.turbo;
                 if (terms != want || broken || (cpu && !plain)) {
                     rc = err.fail("device %s (%s), hd %lld, K %s V %s: with the terms %d (want %d), broken layout %d "
                                   "(want 0), without them %d", ggml_backend_dev_name(dev), reg.c_str(), (long long) hd,
