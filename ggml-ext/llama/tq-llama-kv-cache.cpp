@@ -318,7 +318,7 @@ extern "C" int32_t tq_llama_rope_freqs(const llama_model * model, int32_t il, ui
 // RoPE's frame depends for its decode steps.
 enum { TQ_RF_NONE = 0, TQ_RF_NATIVE = 1, TQ_RF_MASKED = 2, TQ_RF_DEVICE = 3 };
 static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t hd, int64_t n_head,
-                          int64_t n_head_kv, bool lowered, std::string & dev_name) {
+                          int64_t n_head_kv, float max_bias, float softcap, bool lowered, std::string & dev_name) {
     ggml_backend_buffer_type_t buft = k_cache->buffer ? ggml_backend_buffer_get_type(k_cache->buffer) : nullptr;
     ggml_backend_dev_t dev = buft ? ggml_backend_buft_get_device(buft) : nullptr;
     if (!dev) {
@@ -337,7 +337,8 @@ static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cac
     ggml_tensor * k = ggml_new_tensor_4d(ctx, kt, hd, n_kv, n_head_kv, 1);
     ggml_tensor * v = ggml_new_tensor_4d(ctx, vt, hd, n_kv, n_head_kv, 1);
     ggml_tensor * mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, 1, 1, 1);
-    ggml_tensor * fa = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f, 0.0f, 0.0f);
+    // the model's ALiBi and soft-cap: a device may run the terms only without them (Vulkan)
+    ggml_tensor * fa = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0f, max_bias, softcap);
     tq_flash_attn_ext_set_k_terms(fa, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hd, n_head, 1),
                                   ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hd, n_kv + TQ_FA_TERM_STEPS),
                                   ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_kv, 2), nullptr, nullptr);
@@ -395,7 +396,9 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
         if ((int64_t) w.size() * 2 != hd) {
             why = "a layer without full RoPE of a handled kind";
         } else if (std::string dev; (how = tq_fa_terms_on(layer.k, layer.v, hd, hparams.n_head(layer.il),
-                                                          hparams.n_head_kv(layer.il), tq_rf_lowered_asked, dev)) == TQ_RF_NONE) {
+                                                          hparams.n_head_kv(layer.il), hparams.f_max_alibi_bias,
+                                                          hparams.attn_soft_cap ? hparams.f_attn_logit_softcapping : 0.0f,
+                                                          tq_rf_lowered_asked, dev)) == TQ_RF_NONE) {
             why_dev = "layer " + std::to_string(layer.il) + "'s K is on " + dev +
                       ", whose flash attention takes neither the turbo K terms (tq-fa-contract.h) nor a mask per head";
             why = why_dev.c_str();
