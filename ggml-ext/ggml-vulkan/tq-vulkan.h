@@ -349,7 +349,7 @@ static void tq_vk_cleanup(ggml_backend_vk_context * ctx) {
 /* FLASH_ATTN_EXT with the turbo K terms (tq-fa-contract.h): tq_fa_terms.comp writes the op's
  * mask plus scale * (A.T + the first keys' corrections) per head into the context's scratch,
  * and upstream's flash attention runs with that mask: the same arithmetic as llama's lowered
- * form (tq_rf_mask, tq_sink_mask_delta), in one dispatch instead of ~25 nodes per layer.
+ * form (tq_rf_mask, tq_sink_mask_delta), in one dispatch instead of about 17 nodes a layer.
  * Called where ggml_vk_build_graph runs a flash attention (one patch line); false: not ours. */
 static bool tq_vk_flash_attn(ggml_backend_vk_context * ctx, vk_context & subctx, ggml_tensor * dst) {
     if (!tq_fa_has_k_terms(dst)) {
