@@ -351,6 +351,19 @@ fn ppl_run(
     out
 }
 
+/// The CPU's f16 logits of `text` under `extra`, saved as the KL base `tq-vulkan-{tag}-<pid>.bin`
+/// in the temporary directory: its path and the run's output.
+fn f16_base(text: &Path, tag: &str, extra: &[&str]) -> (PathBuf, String) {
+    let base = base_path(tag);
+    let out = ppl_run(text, &base, true, false, "f16", "f16", extra, &[]);
+    (base, out)
+}
+
+/// `tq-vulkan-{tag}-<pid>.bin` in the temporary directory.
+fn base_path(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("tq-vulkan-{tag}-{}.bin", std::process::id()))
+}
+
 /// `label value ± error` on the first line that contains `label`: the value.
 fn value(out: &str, label: &str) -> f64 {
     number_after(out, label).unwrap_or_else(|| panic!("no `{label}` in:\n{out}"))
@@ -362,8 +375,7 @@ fn perplexity_on_vulkan_matches_the_cpu() {
         return;
     }
     let text = corpus();
-    let base = std::env::temp_dir().join(format!("tq-vulkan-base-{}.bin", std::process::id()));
-    let cpu = ppl_run(&text, &base, true, false, "f16", "f16", &[], &[]);
+    let (base, cpu) = f16_base(&text, "base", &[]);
     let ppl_cpu = value(&cpu, "Final estimate: PPL =");
     let mut failures = Vec::new();
 
@@ -423,18 +435,21 @@ fn perplexity_on_vulkan_matches_the_cpu() {
 /// at `-ub 4` 0.03759 and 0.04010); the K mean off gives 0.0599 on the CPU here. The op against
 /// the CPU's is the test-backend-ops cases' job (tq_test_fa_k_terms). lavapipe 22.3.6 crashes
 /// in this run one time in two to three with ggml-vulkan's op fusion on (its heap bug at 3-8
-/// queries, docs/VULKAN.md; 25.0.7 does not), and completed every time with it off
-/// (`GGML_VK_DISABLE_FUSION`, the same logits: fusion changes no number here). About 90 s.
+/// queries, docs/VULKAN.md; 25.0.7 does not). With it off (`GGML_VK_DISABLE_FUSION`, the same
+/// logits) 3 of 3 runs completed alone, yet 2 of 2 segfaulted beside another test: so the test
+/// is ignored in CI, which runs 22.3.6, and run by hand on a driver without the bug
+/// (`cargo test --release --features vulkan --test vulkan -- --ignored`, e.g. lavapipe 25.0.7
+/// through `VK_DRIVER_FILES`). About 90 s.
 const DECODE_UB3: [&str; 8] = ["-c", "128", "-b", "128", "-ub", "3", "--chunks", "2"];
 
 #[test]
+#[ignore = "lavapipe 22.3.6 (CI's driver) crashes at 3-8 queries a step over a turbo K; run with --ignored on Mesa 25"]
 fn decode_graphs_take_the_k_terms_in_vulkan_flash_attention() {
     if !device_or_skip("decode_graphs_take_the_k_terms_in_vulkan_flash_attention") {
         return;
     }
     let text = corpus();
-    let base = std::env::temp_dir().join(format!("tq-vulkan-ub3-base-{}.bin", std::process::id()));
-    ppl_run(&text, &base, true, false, "f16", "f16", &DECODE_UB3, &[]);
+    let (base, _) = f16_base(&text, "ub3-base", &DECODE_UB3);
     let out = ppl_run(
         &text,
         &base,
@@ -501,9 +516,7 @@ fn perplexity_with_flash_attention_off_keeps_kq_on_vulkan() {
         return;
     }
     let text = corpus();
-    let base =
-        std::env::temp_dir().join(format!("tq-vulkan-faoff-base-{}.bin", std::process::id()));
-    ppl_run(&text, &base, true, false, "f16", "f16", &[], &[]);
+    let (base, _) = f16_base(&text, "faoff-base", &[]);
     let out = ppl_run(&text, &base, false, true, "turbo4", "f16", &FA_OFF, &[]);
     assert!(
         out.contains("Vulkan0 KV buffer size") && out.contains("n_ubatch              = 32"),
@@ -544,8 +557,7 @@ fn perplexity_with_a_trellis_cache_on_vulkan_matches_the_cpu() {
         return;
     }
     let text = corpus();
-    let base = std::env::temp_dir().join(format!("tq-vulkan-tcq-base-{}.bin", std::process::id()));
-    ppl_run(&text, &base, true, false, "f16", "f16", &[], &[]);
+    let (base, _) = f16_base(&text, "tcq-base", &[]);
     let out = ppl_run(
         &text,
         &base,
@@ -642,7 +654,7 @@ fn k_statistics_per_stream_on_vulkan_do_not_depend_on_batching() {
         return;
     }
     let text = corpus();
-    let base = std::env::temp_dir().join(format!("tq-vulkan-streams-{}.bin", std::process::id()));
+    let base = base_path("streams");
     let batched = ppl_run(
         &text,
         &base,

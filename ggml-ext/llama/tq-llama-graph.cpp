@@ -484,8 +484,7 @@ void tq_llama_attn_kq(ggml_context * ctx, llm_graph_result * res, ggml_tensor **
         }
         // T: the host's table, or on a device the layer's own rope of the cells and the steps
         ggml_tensor * T = rope ? tq_rope_terms_table(ctx, in, rope, n_cells) : tab;
-        in->fa[il] = { ggml_is_contiguous(A) ? A : ggml_cont(ctx, A), T, in->cells, sink ? sink_rows : nullptr,
-                       sink ? sink_q : nullptr };
+        in->fa[il] = { ggml_is_contiguous(A) ? A : ggml_cont(ctx, A), T, in->cells, sink_rows, sink_q };
     } else {
         // the graph's mask as f32, once for the layers that share it (a sliding-window model has two)
         ggml_tensor * mask_f32 = nullptr;
