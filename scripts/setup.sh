@@ -12,7 +12,8 @@ command -v make    >/dev/null || need+=(make)
 command -v g++     >/dev/null || need+=(g++)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)   # the client tests' venvs
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)   # bindgen
+# bindgen loads libclang.so / libclang-N.so (libclang-cpp, which some images carry alone, is not it)
+compgen -G "/usr/lib/llvm-*/lib/libclang[.-][0-9s]*" >/dev/null || need+=(libclang-dev)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core) # tq eval plots
 # llama-server's web UI is built with npm (build/ui.rs) and tested in Debian's chromium
 command -v node >/dev/null || need+=(nodejs)

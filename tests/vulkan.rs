@@ -319,10 +319,8 @@ fn ppl_run(
     ctk: &str,
     ctv: &str,
     extra: &[&str],
-    env: &[(&str, &str)],
 ) -> String {
     let mut cmd = perplexity_cmd(corpus_file);
-    cmd.envs(env.iter().copied());
     // -lv 4: llama's info lines (where the weights and the KV cache went) come with debug
     cmd.args([
         "-c", CTX, "-b", CTX, "--chunks", CHUNKS, "-fa", "on", "-t", "2", "-lv", "4",
@@ -355,7 +353,7 @@ fn ppl_run(
 /// in the temporary directory: its path and the run's output.
 fn f16_base(text: &Path, tag: &str, extra: &[&str]) -> (PathBuf, String) {
     let base = base_path(tag);
-    let out = ppl_run(text, &base, true, false, "f16", "f16", extra, &[]);
+    let out = ppl_run(text, &base, true, false, "f16", "f16", extra);
     (base, out)
 }
 
@@ -380,7 +378,7 @@ fn perplexity_on_vulkan_matches_the_cpu() {
     let mut failures = Vec::new();
 
     // f16: the device's logits are the CPU's up to the backends' rounding
-    let out = ppl_run(&text, &base, false, true, "f16", "f16", &[], &[]);
+    let out = ppl_run(&text, &base, false, true, "f16", "f16", &[]);
     // the weights and the cache went to the device (llama counts "offloaded 31/31 layers"
     // even without one)
     for what in ["Vulkan0 model buffer size", "Vulkan0 KV buffer size"] {
@@ -403,7 +401,7 @@ fn perplexity_on_vulkan_matches_the_cpu() {
     // turbo4/turbo3: the cache lives on the device, its flash attention runs there with the K
     // terms (a decode's in the op, a prefill's keys corrected by ops; logged), and it computes
     // what the CPU does
-    let out = ppl_run(&text, &base, false, true, "turbo4", "turbo3", &[], &[]);
+    let out = ppl_run(&text, &base, false, true, "turbo4", "turbo3", &[]);
     assert!(
         out.contains("Vulkan0 KV buffer size") && !out.contains("has no kernels for a"),
         "turbo4/turbo3: the KV cache is not on Vulkan0:\n{out}"
@@ -414,7 +412,7 @@ fn perplexity_on_vulkan_matches_the_cpu() {
         "turbo4/turbo3: no log line for the K terms on the device:\n{out}"
     );
     let kld_vk = value(&out, "Mean    KLD:");
-    let out = ppl_run(&text, &base, false, false, "turbo4", "turbo3", &[], &[]);
+    let out = ppl_run(&text, &base, false, false, "turbo4", "turbo3", &[]);
     let kld_cpu = value(&out, "Mean    KLD:");
     eprintln!("turbo4/turbo3: Vulkan0 KLD {kld_vk:.6}, CPU {kld_cpu:.6} (max gap {TURBO_KLD_GAP})");
     if !(kld_vk.is_finite() && (kld_vk - kld_cpu).abs() <= TURBO_KLD_GAP) {
@@ -434,32 +432,18 @@ fn perplexity_on_vulkan_matches_the_cpu() {
 /// f16 logits. Measured at 2 x 128 on lavapipe 22.3.6: Vulkan0 0.03629, CPU 0.04212 (0.0058;
 /// at `-ub 4` 0.03759 and 0.04010); the K mean off gives 0.0599 on the CPU here. The op against
 /// the CPU's is the test-backend-ops cases' job (tq_test_fa_k_terms). lavapipe 22.3.6 crashes
-/// in this run one time in two to three with ggml-vulkan's op fusion on (its heap bug at 3-8
-/// queries, docs/VULKAN.md; 25.0.7 does not). With it off (`GGML_VK_DISABLE_FUSION`, the same
-/// logits) 3 of 3 runs completed alone, yet 2 of 2 segfaulted beside another test: so the test
-/// is ignored in CI, which runs 22.3.6, and run by hand on a driver without the bug
-/// (`cargo test --release --features vulkan --test vulkan -- --ignored`, e.g. lavapipe 25.0.7
-/// through `VK_DRIVER_FILES`). About 90 s.
+/// in this run one time in two to three (its heap bug, docs/VULKAN.md); CI runs lavapipe 25.0.7
+/// (scripts/lavapipe.sh), which does not. About 90 s.
 const DECODE_UB3: [&str; 8] = ["-c", "128", "-b", "128", "-ub", "3", "--chunks", "2"];
 
 #[test]
-#[ignore = "lavapipe 22.3.6 (CI's driver) crashes at 3-8 queries a step over a turbo K; run with --ignored on Mesa 25"]
 fn decode_graphs_take_the_k_terms_in_vulkan_flash_attention() {
     if !device_or_skip("decode_graphs_take_the_k_terms_in_vulkan_flash_attention") {
         return;
     }
     let text = corpus();
     let (base, _) = f16_base(&text, "ub3-base", &DECODE_UB3);
-    let out = ppl_run(
-        &text,
-        &base,
-        false,
-        true,
-        "turbo4",
-        "turbo3",
-        &DECODE_UB3,
-        &[("GGML_VK_DISABLE_FUSION", "1")],
-    );
+    let out = ppl_run(&text, &base, false, true, "turbo4", "turbo3", &DECODE_UB3);
     assert!(
         out.contains("Vulkan0 KV buffer size") && out.contains("on Vulkan0 take them in its flash attention"),
         "turbo4/turbo3 -ub 3: the cache or the K terms are not in Vulkan0's flash attention:\n{out}"
@@ -487,7 +471,7 @@ fn assert_kld_near_cpu(
     extra: &[&str],
 ) {
     let kld_vk = value(out, "Mean    KLD:");
-    let cpu = ppl_run(text, base, false, false, ctk, ctv, extra, &[]);
+    let cpu = ppl_run(text, base, false, false, ctk, ctv, extra);
     let kld_cpu = value(&cpu, "Mean    KLD:");
     let _ = std::fs::remove_file(base);
     eprintln!("{what}: Vulkan0 KLD {kld_vk:.6}, CPU {kld_cpu:.6} (max gap {TURBO_KLD_GAP})");
@@ -517,7 +501,7 @@ fn perplexity_with_flash_attention_off_keeps_kq_on_vulkan() {
     }
     let text = corpus();
     let (base, _) = f16_base(&text, "faoff-base", &[]);
-    let out = ppl_run(&text, &base, false, true, "turbo4", "f16", &FA_OFF, &[]);
+    let out = ppl_run(&text, &base, false, true, "turbo4", "f16", &FA_OFF);
     assert!(
         out.contains("Vulkan0 KV buffer size") && out.contains("n_ubatch              = 32"),
         "turbo4/f16, -fa off: the cache is not on Vulkan0 or the ubatch is not 32:\n{out}"
@@ -558,16 +542,7 @@ fn perplexity_with_a_trellis_cache_on_vulkan_matches_the_cpu() {
     }
     let text = corpus();
     let (base, _) = f16_base(&text, "tcq-base", &[]);
-    let out = ppl_run(
-        &text,
-        &base,
-        false,
-        true,
-        "turbo3_tcq",
-        "turbo3_tcq",
-        &[],
-        &[],
-    );
+    let out = ppl_run(&text, &base, false, true, "turbo3_tcq", "turbo3_tcq", &[]);
     assert!(
         out.contains("Vulkan0 KV buffer size") && !out.contains("has no kernels for a"),
         "turbo3_tcq: the KV cache is not on Vulkan0:\n{out}"
@@ -577,16 +552,7 @@ fn perplexity_with_a_trellis_cache_on_vulkan_matches_the_cpu() {
         "turbo3_tcq: the graph is split (an op left the device):\n{out}"
     );
     let kld_vk = value(&out, "Mean    KLD:");
-    let out = ppl_run(
-        &text,
-        &base,
-        false,
-        false,
-        "turbo3_tcq",
-        "turbo3_tcq",
-        &[],
-        &[],
-    );
+    let out = ppl_run(&text, &base, false, false, "turbo3_tcq", "turbo3_tcq", &[]);
     let kld_cpu = value(&out, "Mean    KLD:");
     let _ = std::fs::remove_file(&base);
     eprintln!("turbo3_tcq: Vulkan0 KLD {kld_vk:.6}, CPU {kld_cpu:.6} (max gap {TCQ_KLD_GAP})");
@@ -663,7 +629,6 @@ fn k_statistics_per_stream_on_vulkan_do_not_depend_on_batching() {
         "turbo4",
         "turbo3",
         &["-c", "128", "-b", "256"],
-        &[],
     );
     assert!(
         batched.contains("n_seq=2")
@@ -681,7 +646,6 @@ fn k_statistics_per_stream_on_vulkan_do_not_depend_on_batching() {
         "turbo4",
         "turbo3",
         &["-c", "128", "-b", "128"],
-        &[],
     );
     let _ = std::fs::remove_file(&base);
     let (kld, top) = (value(&alone, "Mean    KLD:"), value(&alone, "Same top p:"));

@@ -272,10 +272,13 @@ static bool tq_vk_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, co
     const uint32_t ne = (uint32_t) ggml_nelements(src0);
     const size_t x_sz = (size_t) ne * ggml_type_size(x_type);
 
-    /* rounded up as mul_mat_vec binds an A read in place */
+    /* rounded up as mul_mat_vec binds an A read in place. The K view grows with the cache's
+     * used cells, and each growth here submits and waits in the middle of the graph: doubling
+     * makes that a few times per context, not once per ubatch. */
     const size_t x_alloc = ggml_vk_align_size(x_sz, ctx->device->properties.limits.minStorageBufferOffsetAlignment);
     if (ctx->prealloc_size_x < x_alloc) {
-        ctx->prealloc_size_x = x_alloc;
+        const size_t range = ctx->device->properties.limits.maxStorageBufferRange;
+        ctx->prealloc_size_x = std::max(x_alloc, std::min(2 * ctx->prealloc_size_x, range));
         ggml_vk_preallocate_buffers(ctx, subctx);
     }
     vk_pipeline pipeline = f32 ? ctx->device->pipeline_cpy_quant_f32[src0->type]
