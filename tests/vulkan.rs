@@ -1,6 +1,7 @@
 //! The Vulkan build (`cargo test --release --features vulkan --test vulkan`) on a Vulkan
-//! device: Mesa's lavapipe (the CPU Vulkan driver, Debian's mesa-vulkan-drivers) in CI, or
-//! whatever `GGML_VK_VISIBLE_DEVICES` names. ggml-vulkan skips CPU-type devices unless that
+//! device: Mesa's lavapipe (the CPU Vulkan driver) in CI, 25.0.7 from Debian's bookworm-backports
+//! selected by `eval "$(scripts/lavapipe.sh)"` (Debian 12's 22.3.6 corrupts its heap at random
+//! under these tests), or whatever `GGML_VK_VISIBLE_DEVICES` names. ggml-vulkan skips CPU-type devices unless that
 //! variable lists them, so the tests set it to `0` (the first device) when it is unset.
 //!
 //! - the Vulkan device takes the ops of turbo2/3/4 and turbo3_tcq/turbo2_tcq caches and refuses
@@ -12,7 +13,9 @@
 //! - llama-perplexity with every layer on the device (`-ngl 99`) matches the CPU backend's
 //!   logits, with f16 and with turbo caches (which now live on the device), flash attention on
 //!   and, for turbo4 K, off (KQ as MUL_MAT over the turbo K view on the device), and with a
-//!   turbo3_tcq cache on the device against the CPU's same run.
+//!   turbo3_tcq cache on the device against the CPU's same run;
+//! - llama-server answers a chat request, and with speculative decoding copies a list, with
+//!   turbo caches on the device.
 //!
 //! Without a Vulkan device the tests say so and pass, except under `CI=true`, where they fail:
 //! CI installs lavapipe, so a missing device there is a broken setup, not a skip.
