@@ -31,6 +31,7 @@ if [ ! -f "$dir/lvp_icd.json" ]; then
       { echo "lavapipe.sh: cannot write $src (not root, no sudo)" >&2; exit 1; }
     "${sudo[@]}" apt-get update -qq >&2
   fi
+  mkdir -p "$cache"
   tmp=$(mktemp -d "$cache/lavapipe.XXXXXX")
   # as a file of the cache, which apt's sandbox user may not reach: it says so and goes on
   (cd "$tmp" && apt-get download -qq "${pkgs[@]}" 2>&1 | grep -v 'unsandboxed' >&2 || true)
