@@ -1,8 +1,9 @@
 //! The Vulkan build (`cargo test --release --features vulkan --test vulkan`) on a Vulkan
-//! device: Mesa's lavapipe (the CPU Vulkan driver) in CI, 25.0.7 from Debian's bookworm-backports
-//! selected by `eval "$(scripts/lavapipe.sh)"` (Debian 12's 22.3.6 corrupts its heap at random
-//! under these tests), or whatever `GGML_VK_VISIBLE_DEVICES` names. ggml-vulkan skips CPU-type devices unless that
-//! variable lists them, so the tests set it to `0` (the first device) when it is unset.
+//! device: Mesa's lavapipe (the CPU Vulkan driver) in CI, 25.0.7 from Debian's
+//! bookworm-backports selected by `eval "$(scripts/lavapipe.sh)"` (Debian 12's 22.3.6 corrupts
+//! its heap at random under these tests), or whatever `GGML_VK_VISIBLE_DEVICES` names.
+//! ggml-vulkan skips CPU-type devices unless that variable lists them, so the tests set it to
+//! `0` (the first device) when it is unset.
 //!
 //! - the Vulkan device takes the ops of turbo2/3/4 and turbo3_tcq/turbo2_tcq caches and refuses
 //!   the rest (ggml-ext/ggml-vulkan/tq-vulkan.h), asked through ggml's backend API, and its
@@ -313,7 +314,6 @@ const F16_KLD: f64 = 0.015;
 /// exactness is the ggml-level tests' job (tests/ggml_ops.rs), their use here the log's.
 const TURBO_KLD_GAP: f64 = 0.008;
 
-#[allow(clippy::too_many_arguments)]
 fn ppl_run(
     corpus_file: &Path,
     base: &Path,
