@@ -19,9 +19,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// Prose that does not repeat: only a draft model has something to propose.
 const PROSE: &str = "The history of the printing press begins";
 /// A list to copy: the n-gram types find their drafts in the prompt.
-const COPY: &str = "Copy the list exactly.\nList:\n1. apple, banana, cherry\n2. dog, cat, mouse\n\
-                    3. red, green, blue\n4. one, two, three\n5. north, south, east\nCopy:\n\
-                    1. apple, banana, cherry\n2.";
+const COPY: &str = support::COPY_LIST_PROMPT;
 
 /// Rounds of the interleaved timing (turbo, q8_0, turbo, q8_0, ...).
 const ROUNDS: usize = 3;

@@ -322,22 +322,25 @@ static bool tq_vk_mul_mat(ggml_backend_vk_context * ctx, vk_context & subctx, co
 }
 
 /* The per-head masks of flash attention with the turbo K terms (tq_vk_flash_attn): one scratch
- * buffer per context, the last of `all`. It grows without a submit in the middle of the graph
- * (lavapipe 22.3 corrupts its heap after one, docs/VULKAN.md): a larger buffer, at least twice
- * the size, takes over and the smaller ones stay alive for the commands that may still use
- * them, at most the size of the last one in all. Keyed by the context's address; tq_vk_cleanup
- * lets go after ggml_vk_cleanup's wait. */
-struct tq_vk_fa_mask_buffers {
-    std::vector<vk_buffer> all;
+ * buffer per context, the last of its list. It grows without a submit and wait in the middle
+ * of the graph (unlike ggml_vk_preallocate_buffers): a larger buffer, at least twice the size,
+ * takes over and the smaller ones stay alive for the commands that may still read them, at
+ * most the size of the last one in all. Keyed by the context's address, under a lock (contexts
+ * may compute on different threads); tq_vk_cleanup lets go after ggml_vk_cleanup's wait. */
+struct tq_vk_fa_masks {
+    std::mutex mutex;
+    std::map<const ggml_backend_vk_context *, std::vector<vk_buffer>> by_ctx;
 };
 
-static std::map<const ggml_backend_vk_context *, tq_vk_fa_mask_buffers> & tq_vk_fa_masks() {
-    static std::map<const ggml_backend_vk_context *, tq_vk_fa_mask_buffers> table; /* one thread per context */
-    return table;
+static tq_vk_fa_masks & tq_vk_fa_masks_of_process() {
+    static tq_vk_fa_masks masks;
+    return masks;
 }
 
 static vk_buffer tq_vk_fa_mask_buffer(ggml_backend_vk_context * ctx, size_t bytes) {
-    std::vector<vk_buffer> & all = tq_vk_fa_masks()[ctx].all;
+    tq_vk_fa_masks & m = tq_vk_fa_masks_of_process();
+    std::lock_guard<std::mutex> lock(m.mutex);
+    std::vector<vk_buffer> & all = m.by_ctx[ctx];
     if (all.empty() || all.back()->size < bytes) {
         const size_t grown = all.empty() ? bytes : std::max(bytes, 2 * all.back()->size);
         all.push_back(ggml_vk_create_buffer_device(ctx->device, grown));
@@ -346,7 +349,9 @@ static vk_buffer tq_vk_fa_mask_buffer(ggml_backend_vk_context * ctx, size_t byte
 }
 
 static void tq_vk_cleanup(ggml_backend_vk_context * ctx) {
-    tq_vk_fa_masks().erase(ctx);
+    tq_vk_fa_masks & m = tq_vk_fa_masks_of_process();
+    std::lock_guard<std::mutex> lock(m.mutex);
+    m.by_ctx.erase(ctx);
 }
 
 /* FLASH_ATTN_EXT with the turbo K terms (tq-fa-contract.h): tq_fa_terms.comp writes the op's

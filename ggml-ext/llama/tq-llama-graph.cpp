@@ -132,6 +132,7 @@ public:
     std::vector<const ggml_tensor *> ropes;
     struct rope_tab {
         const ggml_tensor * rope;
+        ggml_tensor * e;                 // the rope's input of ones (rope_e, by head size)
         ggml_tensor * T;
         ggml_tensor * T_steps = nullptr; // T and the step columns (tq_rope_terms_table)
     };
@@ -350,12 +351,14 @@ static ggml_tensor * tq_cells_input(ggml_context * ctx, tq_kmean_input * in, int
 }
 
 // The cells' table [hd, n_cells] under a lowered layer's rope (tq_rf_rope_table), one per
-// graph for the layers whose ropes turn alike (same parameters and frequency factors).
-static ggml_tensor * tq_rope_cells_table(ggml_context * ctx, tq_kmean_input * in, const ggml_tensor * rope, int64_t n_cells) {
-    for (const auto & t : in->rope_tabs) {
+// graph for the layers whose ropes turn alike (same parameters and frequency factors): its
+// entry of in->rope_tabs (valid until the next one is made).
+static tq_kmean_input::rope_tab & tq_rope_tab(ggml_context * ctx, tq_kmean_input * in, const ggml_tensor * rope,
+                                              int64_t n_cells) {
+    for (auto & t : in->rope_tabs) {
         if (t.rope->src[2] == rope->src[2] && t.rope->ne[0] == rope->ne[0] &&
             memcmp(t.rope->op_params, rope->op_params, sizeof(rope->op_params)) == 0) {
-            return t.T;
+            return t;
         }
     }
     const int64_t hd = rope->ne[0];
@@ -371,34 +374,28 @@ static ggml_tensor * tq_rope_cells_table(ggml_context * ctx, tq_kmean_input * in
     }
     ggml_tensor * T = tq_rf_rope_table(ctx, e, tq_cells_input(ctx, in, n_cells), rope);
     ggml_format_name(T, "tq_rope_cells_%zu", in->rope_tabs.size());
-    in->rope_tabs.push_back({ rope, T });
-    return T;
+    in->rope_tabs.push_back({ rope, e, T });
+    return in->rope_tabs.back();
+}
+
+static ggml_tensor * tq_rope_cells_table(ggml_context * ctx, tq_kmean_input * in, const ggml_tensor * rope, int64_t n_cells) {
+    return tq_rope_tab(ctx, in, rope, n_cells).T;
 }
 
 // The contract's T (tq-fa-contract.h) under a device layer's rope: the cells' table, then the
 // step columns (positions 0 .. TQ_FA_TERM_STEPS - 1), one per graph and set of rope parameters.
 static ggml_tensor * tq_rope_terms_table(ggml_context * ctx, tq_kmean_input * in, const ggml_tensor * rope, int64_t n_cells) {
-    ggml_tensor * T = tq_rope_cells_table(ctx, in, rope, n_cells);
-    for (auto & t : in->rope_tabs) {
-        if (t.T != T) {
-            continue;
+    tq_kmean_input::rope_tab & t = tq_rope_tab(ctx, in, rope, n_cells);
+    if (!t.T_steps) {
+        if (!in->steps) {
+            in->steps = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, TQ_FA_TERM_STEPS);
+            ggml_set_input(in->steps);
+            ggml_set_name(in->steps, "tq_fa_term_steps");
         }
-        if (!t.T_steps) {
-            if (!in->steps) {
-                in->steps = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, TQ_FA_TERM_STEPS);
-                ggml_set_input(in->steps);
-                ggml_set_name(in->steps, "tq_fa_term_steps");
-            }
-            ggml_tensor * e = nullptr;
-            for (ggml_tensor * x : in->rope_e) {
-                e = x->ne[0] == T->ne[0] ? x : e;
-            }
-            t.T_steps = ggml_concat(ctx, T, tq_rf_rope_table(ctx, e, in->steps, rope), 1);
-        }
-        GGML_ASSERT(t.T_steps->ne[1] == n_cells + TQ_FA_TERM_STEPS);
-        return t.T_steps;
+        t.T_steps = ggml_concat(ctx, t.T, tq_rf_rope_table(ctx, t.e, in->steps, rope), 1);
     }
-    GGML_ABORT("tq_rope_terms_table: no cells' table");
+    GGML_ASSERT(t.T_steps->ne[1] == n_cells + TQ_FA_TERM_STEPS);
+    return t.T_steps;
 }
 
 // The patch's call in build_attn after the mask is known: with the mean in RoPE's frame

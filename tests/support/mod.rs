@@ -38,6 +38,15 @@ pub fn bin(name: &str) -> PathBuf {
 }
 
 /// The default model (SmolLM2-135M), fetched once through `tq fetch`.
+/// A list to copy at temperature 0 (the speculative tests): n-gram drafting finds its drafts in
+/// the prompt, and SmolLM2 continues it with COPY_LIST_NEXT on every backend.
+pub const COPY_LIST_PROMPT: &str =
+    "Copy the list exactly.\nList:\n1. apple, banana, cherry\n2. dog, cat, mouse\n\
+     3. red, green, blue\n4. one, two, three\n5. north, south, east\nCopy:\n\
+     1. apple, banana, cherry\n2.";
+/// The start of the list's copy after COPY_LIST_PROMPT.
+pub const COPY_LIST_NEXT: &str = " dog, cat, mouse\n3. red, green, blue\n4. one, two, three";
+
 pub fn model() -> PathBuf {
     static M: OnceLock<PathBuf> = OnceLock::new();
     M.get_or_init(|| {
