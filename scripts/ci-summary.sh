@@ -4,7 +4,9 @@
 # (TQ_TEST_REPORT: tests/support/prereq.rs, crates/codec/tests/codec_simd.rs), then one
 # summary line with every step's wall time. Exits 1 when a test or a step failed.
 #
-#   scripts/ci-summary.sh TEST_LOG TEST_REPORT STEP:RC:SECONDS... total:SECONDS
+#   scripts/ci-summary.sh TEST_LOG TEST_REPORT STEP:RC:SECONDS[:NOTE]... total:SECONDS
+#
+# A step's NOTE (its ccache hits, say) follows its time in brackets.
 #
 # A binary that started but printed no `test result:` (killed, crashed) counts as failed;
 # a run that failed before any binary started (a build error) fails as "no test ran".
@@ -78,12 +80,13 @@ status=ok
 [ "${tf:-1}" = 0 ] || status=FAILED
 steps=""
 for s in "$@"; do
-  IFS=: read -r name rc secs <<<"$s"
+  IFS=: read -r name rc secs note <<<"$s"
   if [ "$name" = total ]; then
     steps+=", total $rc s"
     continue
   fi
   steps+="${steps:+, }$name ${secs} s"
+  [ -z "${note:-}" ] || steps+=" [$note]"
   if [ "$rc" != 0 ]; then
     status=FAILED
     steps+=" (exit $rc)"
