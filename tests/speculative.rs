@@ -237,3 +237,51 @@ fn complete_tokens(s: &Server, prompt: &str, n: u32) -> Vec<u64> {
         .map(|t| t.as_u64().unwrap())
         .collect()
 }
+
+/// The property the tests above rely on, node by node: on the CPU, a token's every graph node
+/// (1206 f32 nodes of SmolLM2 with turbo4/turbo3, logits included) has the same bits inside a
+/// batch of 4 as decoded alone (`tq batch-check`, docs/LAB.md). Bad options are refused by name.
+#[test]
+fn tq_batch_check_finds_the_cpu_batch_invariant() {
+    let m = model();
+    let tq = support::bin("tq");
+    let out = support::run_for(
+        std::process::Command::new(&tq).args(["batch-check", "-m", &m, "--batch", "4"]),
+        300,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary = text
+        .lines()
+        .find(|l| l.contains("nodes bit-identical"))
+        .unwrap_or_else(|| panic!("no summary line:\n{text}"));
+    let same: usize = summary
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a count of identical nodes");
+    assert!(
+        out.status.success()
+            && summary.contains(" 0 of the token's nodes differ")
+            && text
+                .lines()
+                .any(|l| l.starts_with("result_output#0") && l.contains(" 0 of ")),
+        "tq batch-check on the CPU:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 1206 measured; fewer would mean nodes went uncompared (a layout the slicing misses)
+    assert!(same >= 1200, "only {same} nodes compared:\n{text}");
+    for (args, want) in [
+        (vec!["--ctk", "turbo5"], "unknown cache type `turbo5`"),
+        (vec!["--batch", "1"], "--batch must be at least 2"),
+        (vec!["--device", "NoSuchGPU0"], "no device `NoSuchGPU0`"),
+    ] {
+        let mut c = std::process::Command::new(&tq);
+        c.args(["batch-check", "-m", &m]).args(&args);
+        let out = support::run_for(&mut c, 120);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want),
+            "tq batch-check {args:?}: want an error naming {want:?}, got:\n{err}"
+        );
+    }
+}

@@ -151,4 +151,30 @@ static inline int tq_rot_is_seeded(const struct ggml_tensor *rot) {
     return rot->op != GGML_OP_NONE ? 0 : rot->op_params[TQ_ROT_SEEDED_SLOT] == TQ_ROT_SEEDED_MAGIC;
 }
 
+/* llama_mul_mat_hadamard with the seeded rotation (the patch's call there): Q, K, V and the
+   attention output times the rotation, as one mat-vec per row of n values. Shaped [n, 1, rows]
+   instead of upstream's [n, rows], every backend takes its mat-vec kernel whatever the row
+   count, so a token gets the same bits alone and inside a small batch, such as a speculative
+   draft's verification. As [n, rows] ggml-vulkan takes its mat-vec for up to 8 rows and a
+   tiled matmul above, which sums in another order (ggml-cuda's f32 mat-vec takes at most 3
+   rows on an Ampere or newer GPU, 4 on Turing): with SmolLM2's 3 KV heads a lone token's K
+   took the first and a 4-token batch's the second (`tq batch-check`, docs/SPECULATIVE.md),
+   and a turbo cache turned that rounding into other codes. A batch of
+   TQ_PREFILL_DECODE_MIN_TOKENS tokens or more (a prefill) keeps the matmul, which is faster
+   there; below it the rows (tokens x heads) stay within CUDA's grid (ggml-cuda's mat-vec puts
+   them on gridDim.y, at most 65535). cur is [n, heads, tokens, s]
+   (Q, K, V; a K shift's [n, heads, cells]) or [n * heads, tokens] (the attention output). */
+static inline struct ggml_tensor * tq_mul_mat_rot(struct ggml_context *ctx, struct ggml_tensor *cur,
+                                                  struct ggml_tensor *rot) {
+    const int64_t n = rot->ne[0];
+    const int64_t rows = ggml_nelements(cur) / n;
+    const int64_t per_token = cur->ne[0] == n ? cur->ne[1] : cur->ne[0] / n;
+    struct ggml_tensor *res = ggml_is_contiguous(cur) ? cur : ggml_cont(ctx, cur);
+    const int small = per_token > 0 && rows / per_token < TQ_PREFILL_DECODE_MIN_TOKENS;
+    res = small ? ggml_reshape_3d(ctx, res, n, 1, rows) : ggml_reshape_2d(ctx, res, n, rows);
+    /* no GGML_HINT_SRC0_IS_HADAMARD: the backends' fast Walsh-Hadamard has no random signs */
+    res = ggml_mul_mat(ctx, rot, res);
+    return ggml_reshape_4d(ctx, res, cur->ne[0], cur->ne[1], cur->ne[2], cur->ne[3]);
+}
+
 #endif /* TQ_GGML_H */

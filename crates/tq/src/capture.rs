@@ -147,7 +147,12 @@ unsafe extern "C" fn eval_cb(t: *mut sys::ggml_tensor, ask: bool, ud: *mut c_voi
     true
 }
 
-unsafe extern "C" fn log_cb(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
+/// llama.cpp's log: errors only, everything with TQ_VERBOSE set (also `tq batch-check`'s).
+pub(crate) unsafe extern "C" fn log_cb(
+    level: sys::ggml_log_level,
+    text: *const c_char,
+    _: *mut c_void,
+) {
     if level == sys::GGML_LOG_LEVEL_ERROR || std::env::var_os("TQ_VERBOSE").is_some() {
         eprint!("{}", unsafe { CStr::from_ptr(text) }.to_string_lossy());
     }

@@ -3,6 +3,8 @@
 
 use turboquant::cache_dir;
 #[cfg(feature = "llama")]
+mod batch_check;
+#[cfg(feature = "llama")]
 mod capture;
 mod corpus;
 mod eval;
@@ -113,6 +115,31 @@ enum Cmd {
         #[arg(short, long, default_value_t = 2)]
         threads: usize,
     },
+    /// Does the backend compute a token inside a batch of queries (a speculative draft's
+    /// verification) bit for bit as that token decoded alone? Compares every f32 node of
+    /// the two graphs and names the first that differs; exit code 1 if any does.
+    BatchCheck {
+        /// a .gguf path, or a known model name (default: smollm2-135m)
+        #[arg(short, long)]
+        model: Option<String>,
+        /// the text: all but its last --batch tokens are the prefix
+        #[arg(short, long, default_value = BATCH_CHECK_PROMPT)]
+        prompt: String,
+        /// queries in the batch (the lone token and the ones after it)
+        #[arg(short, long, default_value_t = 4)]
+        batch: usize,
+        /// K cache type
+        #[arg(long = "ctk", default_value = "turbo4")]
+        ctk: String,
+        /// V cache type
+        #[arg(long = "ctv", default_value = "turbo3")]
+        ctv: String,
+        /// a ggml device (e.g. Vulkan0, CUDA0) holding every layer; default: the CPU
+        #[arg(long)]
+        device: Option<String>,
+        #[arg(short, long, default_value_t = 2)]
+        threads: usize,
+    },
     /// Kurtosis and std of K/V coordinates per layer, before and after the turbo rotation,
     /// against theory (3, 1/sqrt(d)).
     RotationStats(lab_cmd::Out),
@@ -195,6 +222,23 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             ubatch,
             threads,
         } => capture(model.as_deref(), text, &out, tokens, ubatch, threads),
+        Cmd::BatchCheck {
+            model,
+            prompt,
+            batch,
+            ctk,
+            ctv,
+            device,
+            threads,
+        } => batch_check(
+            model.as_deref(),
+            &prompt,
+            batch,
+            &ctk,
+            &ctv,
+            device.as_deref(),
+            threads,
+        ),
         Cmd::RotationStats(o) => lab_cmd::rotation_stats(o).map(|_| ExitCode::SUCCESS),
         Cmd::KvNorms(o) => lab_cmd::kv_norms(o).map(|_| ExitCode::SUCCESS),
         Cmd::Distortion(o) => lab_cmd::distortion(o).map(|_| ExitCode::SUCCESS),
@@ -230,6 +274,49 @@ argmax_j q.k^_j (exact f32 query, quantized keys) is unchanged from the exact ar
 (the needle, for a needle weight of 0.5 or more); out_cos = mean cosine of softmax(q K^/sqrt(d)) V^ against the exact
 softmax(q K/sqrt(d)) V.
 Trials: --trials per length and source (default 200), seeded (--seed).";
+
+/// tq batch-check's default text: prose, where a near-tie shows a rounding difference.
+const BATCH_CHECK_PROMPT: &str =
+    "The history of the printing press begins in the fifteenth century, when a goldsmith";
+
+fn batch_check(
+    model: Option<&str>,
+    prompt: &str,
+    batch: usize,
+    ctk: &str,
+    ctv: &str,
+    device: Option<&str>,
+    threads: usize,
+) -> Result<ExitCode, String> {
+    #[cfg(not(feature = "llama"))]
+    {
+        let _ = (model, prompt, batch, ctk, ctv, device, threads);
+        Err("tq batch-check needs llama.cpp: build with the default `llama` feature".into())
+    }
+    #[cfg(feature = "llama")]
+    {
+        std::hint::black_box(turboquant::capi::link_anchor());
+        let path = models::resolve(model)?;
+        gguf::Metadata::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        // the names -ctk takes, with the valid ones listed on a typo
+        kv::cache_type(ctk)?;
+        kv::cache_type(ctv)?;
+        let same = batch_check::run(&batch_check::Options {
+            model: &path,
+            prompt,
+            batch,
+            ctk,
+            ctv,
+            device,
+            threads,
+        })?;
+        Ok(if same {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
+    }
+}
 
 fn capture(
     model: Option<&str>,
