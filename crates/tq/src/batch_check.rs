@@ -170,28 +170,6 @@ pub fn run(o: &Options) -> Result<bool, String> {
     res
 }
 
-fn tokenize(model: *mut sys::llama_model, text: &str) -> Result<Vec<i32>, String> {
-    let vocab = unsafe { sys::llama_model_get_vocab(model) };
-    let c = CString::new(text).map_err(|_| String::from("the prompt contains a NUL byte"))?;
-    let mut toks = vec![0i32; text.len() + 16];
-    let n = unsafe {
-        sys::llama_tokenize(
-            vocab,
-            c.as_ptr(),
-            text.len() as i32,
-            toks.as_mut_ptr(),
-            toks.len() as i32,
-            true,
-            false,
-        )
-    };
-    if n < 0 {
-        return Err("tokenization failed".into());
-    }
-    toks.truncate(n as usize);
-    Ok(toks)
-}
-
 /// Decode `toks` at positions from `pos`, every token an output, in one batch.
 fn decode(ctx: *mut sys::llama_context, toks: &[i32], pos: usize) -> Result<(), String> {
     let n = toks.len();
@@ -258,7 +236,9 @@ fn compare(
     tk: sys::ggml_type,
     tv: sys::ggml_type,
 ) -> Result<bool, String> {
-    let toks = tokenize(model, o.prompt)?;
+    let prompt =
+        CString::new(o.prompt).map_err(|_| String::from("the prompt contains a NUL byte"))?;
+    let toks = crate::capture::tokenize(model, &prompt)?;
     if toks.len() < o.batch + 2 {
         return Err(format!(
             "the prompt has {} tokens; --batch {} needs at least {}",

@@ -158,6 +158,30 @@ pub(crate) unsafe extern "C" fn log_cb(
     }
 }
 
+/// The model's tokens for `text`, BOS as the model wants it (also `tq batch-check`'s).
+pub(crate) fn tokenize(model: *mut sys::llama_model, text: &CStr) -> Result<Vec<i32>, String> {
+    let vocab = unsafe { sys::llama_model_get_vocab(model) };
+    let len = text.to_bytes().len();
+    let mut toks = vec![0i32; len + 16];
+    // SAFETY: a valid vocab, a NUL-terminated text of len bytes, toks of toks.len() entries.
+    let n = unsafe {
+        sys::llama_tokenize(
+            vocab,
+            text.as_ptr(),
+            len as i32,
+            toks.as_mut_ptr(),
+            toks.len() as i32,
+            true,
+            false,
+        )
+    };
+    if n < 0 {
+        return Err(String::from("tokenization failed"));
+    }
+    toks.truncate(n as usize);
+    Ok(toks)
+}
+
 pub struct Options<'a> {
     pub model: &'a Path,
     pub text: &'a Path,
@@ -221,25 +245,7 @@ fn capture_with(
         ));
     }
 
-    // tokenize (BOS as the model wants it)
-    let vocab = unsafe { sys::llama_model_get_vocab(model) };
-    let len = text.to_bytes().len() as i32;
-    let mut toks = vec![0i32; text.to_bytes().len() + 16];
-    let nt = unsafe {
-        sys::llama_tokenize(
-            vocab,
-            text.as_ptr(),
-            len,
-            toks.as_mut_ptr(),
-            toks.len() as i32,
-            true,
-            false,
-        )
-    };
-    if nt < 0 {
-        return Err(String::from("tokenization failed"));
-    }
-    toks.truncate(nt as usize);
+    let mut toks = tokenize(model, text)?;
     if toks.len() < o.tokens {
         return Err(format!(
             "{} has only {} tokens for this model; asked for --tokens {}",
