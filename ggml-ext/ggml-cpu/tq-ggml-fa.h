@@ -378,10 +378,7 @@ static inline void tq_ggml_fa_row(const tq_ggml_fa_t *fa, const char *k, size_t 
    group of g heads decodes each row once instead of g times (the decode, not the dot
    product, is most of a turbo key's cost, and nearly all of a trellis key's). */
 #define TQ_FA_GQA_MAX 8
-#define TQ_FA_GQA_DMAX 256
-#if TQ_FA_GQA_DMAX != TQ_PREFILL_TILES_DMAX
-#error "tq_ggml_decode_for_prefill (tq-ggml.h) sends a prefill to the tiles only up to this head size"
-#endif
+#define TQ_FA_GQA_DMAX TQ_GGML_CPU_TILES_DMAX /* tq-ggml.h: llama's graph reads it too */
 
 /* VKQ[0..DV) += sum_i w[i] * (row i of vf) over the tile's n rows: 64 outputs at a time
    stay in registers across the rows (AVX2), so the accumulator is read and written once per

@@ -18,7 +18,7 @@
 #include "llama-impl.h"
 #include "llama-kv-cache.h"
 #include "llama-cparams.h"
-#include "tq-ggml.h"
+#include "tq-ggml-graph.h"
 #include "tq-kmean.h"
 #include "tq-sink.h"
 
@@ -513,7 +513,7 @@ void tq_llama_fa_k_terms(llm_graph_result * res, ggml_tensor * fa, int il) {
 }
 
 // The patch's call before ggml_flash_attn_ext: K and V decoded to f32 for a CPU prefill over
-// a turbo cache (tq_ggml_decode_for_prefill in tq-ggml.h says when and why).
+// a turbo cache (tq_ggml_decode_for_prefill in tq-ggml-graph.h says when and why).
 // A K built in this graph (the K mean in RoPE's frame adds R_p mu' to the decoded keys,
 // tq_rf_keys) is not in the cache's buffer, so V's residency decides; llama has cast that K
 // from f32 to f16, and the f32 it was cast from is taken instead (the tiled kernel wants K and

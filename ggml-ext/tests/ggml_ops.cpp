@@ -7,7 +7,7 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
-#include "tq-ggml.h"
+#include "tq-ggml-graph.h"
 #include "tq-ggml-rows.h"
 #include "tq-kmean.h"
 #include "tq-test-util.h"
