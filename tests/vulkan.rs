@@ -443,7 +443,13 @@ fn perplexity_on_vulkan_matches_the_cpu() {
 /// turns them into the per-head mask it reads (the K mean's term and the exact first keys;
 /// logged), against the CPU's turbo tiles running the same terms, both paired with the CPU's
 /// f16 logits. Measured at 2 x 128 on lavapipe 22.3.6: Vulkan0 0.03629, CPU 0.04212 (0.0058;
-/// at `-ub 4` 0.03759 and 0.04010); the K mean off gives 0.0599 on the CPU here. The op against
+/// at `-ub 4` 0.03759 and 0.04010); the K mean off gives 0.0599 on the CPU here. Since the
+/// rotation's mat-vecs (12th session) and the one-row flash-attention tuning for up to 8 rows
+/// (13th, docs/VULKAN.md "Batch invariance"), on lavapipe 25.0.7: Vulkan0 0.035979, CPU
+/// 0.044681, the device 0.0087 *better*: two correct roundings, and this shape's gap moves by
+/// that much. So the device may not be worse than the CPU by more than TURBO_KLD_GAP, and may
+/// be better by any amount (a device without the terms would be worse: the K mean off is
+/// 0.015 worse). The op against
 /// the CPU's is the test-backend-ops cases' job (tq_test_fa_k_terms). lavapipe 22.3.6 crashes
 /// in this run one time in two to three (its heap bug, docs/VULKAN.md); CI runs lavapipe 25.0.7
 /// (scripts/lavapipe.sh), which does not. About 90 s.
@@ -469,11 +475,14 @@ fn decode_graphs_take_the_k_terms_in_vulkan_flash_attention() {
         "turbo4",
         "turbo3",
         &DECODE_UB3,
+        true,
     );
 }
 
 /// The device run's KLD (its output `out`) within TURBO_KLD_GAP of the CPU's same run (ctk,
-/// ctv, extra), both against the saved base logits, which it then removes.
+/// ctv, extra), both against the saved base logits, which it then removes; with `better_ok`,
+/// only not above the CPU's by more than the gap.
+#[allow(clippy::too_many_arguments)]
 fn assert_kld_near_cpu(
     what: &str,
     out: &str,
@@ -482,15 +491,18 @@ fn assert_kld_near_cpu(
     ctk: &str,
     ctv: &str,
     extra: &[&str],
+    better_ok: bool,
 ) {
     let kld_vk = value(out, "Mean    KLD:");
     let cpu = ppl_run(text, base, false, false, ctk, ctv, extra);
     let kld_cpu = value(&cpu, "Mean    KLD:");
     let _ = std::fs::remove_file(base);
     eprintln!("{what}: Vulkan0 KLD {kld_vk:.6}, CPU {kld_cpu:.6} (max gap {TURBO_KLD_GAP})");
+    let gap = kld_vk - kld_cpu;
     assert!(
-        kld_vk.is_finite() && (kld_vk - kld_cpu).abs() <= TURBO_KLD_GAP,
-        "{what}: Vulkan KLD {kld_vk} is more than {TURBO_KLD_GAP} from the CPU's {kld_cpu}"
+        kld_vk.is_finite() && gap <= TURBO_KLD_GAP && (better_ok || -gap <= TURBO_KLD_GAP),
+        "{what}: Vulkan KLD {kld_vk} is more than {TURBO_KLD_GAP} {} the CPU's {kld_cpu}",
+        if gap > 0.0 { "above" } else { "below" }
     );
 }
 
@@ -532,6 +544,7 @@ fn perplexity_with_flash_attention_off_keeps_kq_on_vulkan() {
         "turbo4",
         "f16",
         &FA_OFF,
+        false,
     );
 }
 
@@ -702,6 +715,71 @@ fn speculative_server_on_vulkan_with_turbo_caches_copies_and_accepts_drafts() {
         drafted >= 20 && accepted + SPEC_MAX_REJECTED >= drafted,
         "{accepted} of {drafted} drafts accepted (want 20 or more, at most {SPEC_MAX_REJECTED} rejected)"
     );
+}
+
+/// Flash attention over a turbo cache on Vulkan0 gives a token the same bits alone and as the
+/// first of a batch of 4, like every other node of its graph (`tq batch-check`, docs/VULKAN.md,
+/// "Batch invariance"): 1930 nodes of SmolLM2 with turbo4/turbo3 measured identical after a
+/// 50-token prefix. Without `tq_vk_fa_small_batch` ggml-vulkan tunes its shader by the row
+/// count (64 keys a block for one row, 32 for several), and 1527 of the token's nodes differed
+/// from the first layer's flash attention on. The prefix is past the 36 or so keys where that
+/// first showed. `tq` has to be built with Vulkan (`cargo build --release -p tq --features
+/// turboquant/vulkan`, as `.ci/run` does).
+#[test]
+fn verification_batches_on_vulkan_compute_each_token_as_decoded_alone() {
+    if !device_or_skip("verification_batches_on_vulkan_compute_each_token_as_decoded_alone") {
+        return;
+    }
+    let vis = visible_devices();
+    let model = support::model();
+    let prompt = "The history of the printing press begins in the fifteenth century, when a goldsmith \
+                  in Mainz named Johannes Gutenberg combined movable metal type, oil-based ink and a \
+                  wooden screw press. Within fifty years printing shops had spread to more than two \
+                  hundred cities across Europe, and";
+    for (ctk, ctv) in [("turbo4", "turbo3"), ("turbo3_tcq", "turbo3_tcq")] {
+        let out = support::run_for(
+            Command::new(support::bin("tq"))
+                .args([
+                    "batch-check",
+                    "-m",
+                    model.to_str().unwrap(),
+                    "--device",
+                    "Vulkan0",
+                ])
+                .args(["--batch", "4", "--ctk", ctk, "--ctv", ctv, "-p", prompt])
+                .env("GGML_VK_VISIBLE_DEVICES", &vis),
+            600,
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.contains("no device `Vulkan0`"),
+            "tq was built without Vulkan: cargo build --release -p tq --features turboquant/vulkan\n{err}"
+        );
+        let summary = text
+            .lines()
+            .find(|l| l.contains("nodes bit-identical"))
+            .unwrap_or_else(|| panic!("{ctk}/{ctv}: no summary line:\n{text}\n{err}"));
+        let same: usize = summary
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("a count of identical nodes");
+        eprintln!("tq batch-check on Vulkan0, {ctk}/{ctv}: {summary}");
+        assert!(
+            out.status.success() && summary.contains(" 0 of the token's nodes differ"),
+            "{ctk}/{ctv}: a token's nodes differ alone and in a batch of 4 on Vulkan0:\n{text}"
+        );
+        // 1930 measured: fewer would mean nodes went uncompared
+        assert!(
+            same >= 1900,
+            "{ctk}/{ctv}: only {same} nodes compared:\n{text}"
+        );
+        assert!(
+            text.lines().any(|l| l.contains("(50 prefix tokens")),
+            "{ctk}/{ctv}: the prefix is not the 50 tokens this test means:\n{text}"
+        );
+    }
 }
 
 /// The K statistics per stream on the device (tq_kmean_rf_streams: each block's statistics,

@@ -33,8 +33,8 @@
  * picks mul_mat_vec, which has no turbo shader), tq_vk_flash_attn before the graph's call of
  * ggml_vk_flash_attn, tq_vk_cleanup in ggml_vk_cleanup, tq_vk_load_shaders at the end of
  * ggml_vk_load_shaders, TQ_VK_TYPE_CASES in supports_op's list of flash attention K/V types and in the two CPY
- * pipeline switches of ggml_vk_get_cpy_pipeline, and tq_vk_fa_path where get_fa_tuning_params
- * picks the shader family.
+ * pipeline switches of ggml_vk_get_cpy_pipeline, and tq_vk_fa_path and tq_vk_fa_small_batch where
+ * get_fa_tuning_params picks the shader family.
  */
 #ifndef TQ_VULKAN_H
 #define TQ_VULKAN_H
@@ -155,6 +155,41 @@ static inline FaCodePath tq_vk_fa_path(FaCodePath path, ggml_type k_type, ggml_t
         return FA_COOPMAT1;
     }
     return path;
+}
+
+/* Flash attention over a turbo cache gives a query row the same bits alone and among up to
+ * TQ_VK_FA_SAME_ROWS rows, such as a speculative draft's verification batch (docs/VULKAN.md,
+ * "Batch invariance"). Upstream tunes its shader by the row count: one row takes the scalar
+ * shader with 64 keys per block, two to eight take 32 per block (or coopmat1 where the device
+ * has it), and a row's online softmax then sums its keys in another order; `tq batch-check`
+ * showed a token's attention output differ alone and in a batch of 4 on lavapipe past about 36
+ * keys. Here a batch of up to TQ_VK_FA_SAME_ROWS rows over turbo K or V takes the one-row
+ * tuning (`one_row`: scalar, its keys per block, threads and row split) with block_rows raised
+ * to cover every row: each row runs the one-row arithmetic, the rows still share one tile (K and
+ * V read and decoded once for all of them) and, as one tile, the same split of the keys across
+ * workgroups as a lone row (ggml_vk_flash_attn's split_k follows the tiles). False where it does
+ * not apply (a single row, more rows, no turbo side) or where the taller tile does not fit the
+ * device's shared memory: upstream's tuning then stands. Called by get_fa_tuning_params (one
+ * patch line). The GQA form of upstream's kernel (one mask for all heads: not the turbo K terms'
+ * per-head mask) splits the keys by the token count and stays batch-variant. */
+#define TQ_VK_FA_SAME_ROWS 8
+static inline bool tq_vk_fa_small_batch(const vk_device & device, vk_fa_tuning_params & params,
+                                        const vk_fa_tuning_params & one_row, uint32_t n_rows, uint32_t hsk,
+                                        uint32_t hsv, bool f32acc, ggml_type k_type, ggml_type v_type) {
+    if (n_rows <= 1 || n_rows > TQ_VK_FA_SAME_ROWS || (!tq_vk_has_shaders(k_type) && !tq_vk_has_shaders(v_type))) {
+        return false;
+    }
+    vk_fa_tuning_params p = one_row;
+    p.block_rows = 1;
+    while (p.block_rows < n_rows) {
+        p.block_rows *= 2;
+    }
+    if (p.path != FA_SCALAR || p.block_rows % p.row_split != 0 ||
+        !ggml_vk_flash_attn_scalar_shmem_support(device, p, hsk, hsv, f32acc, k_type, v_type)) {
+        return false;
+    }
+    params = p;
+    return true;
 }
 
 /* Our pipelines that have no slot in upstream's tables: turbo -> f16 with the CPY interface
