@@ -33,8 +33,8 @@
  * picks mul_mat_vec, which has no turbo shader), tq_vk_flash_attn before the graph's call of
  * ggml_vk_flash_attn, tq_vk_cleanup in ggml_vk_cleanup, tq_vk_load_shaders at the end of
  * ggml_vk_load_shaders, TQ_VK_TYPE_CASES in supports_op's list of flash attention K/V types and in the two CPY
- * pipeline switches of ggml_vk_get_cpy_pipeline, and tq_vk_fa_path and tq_vk_fa_small_batch where
- * get_fa_tuning_params picks the shader family.
+ * pipeline switches of ggml_vk_get_cpy_pipeline, tq_vk_fa_path where get_fa_tuning_params picks
+ * the shader family, and tq_vk_fa_small_batch after ggml_vk_flash_attn's tuning.
  */
 #ifndef TQ_VULKAN_H
 #define TQ_VULKAN_H
@@ -157,26 +157,27 @@ static inline FaCodePath tq_vk_fa_path(FaCodePath path, ggml_type k_type, ggml_t
     return path;
 }
 
-/* Flash attention over a turbo cache gives a query row the same bits alone and among up to
+/* Flash attention with the turbo K terms gives a query row the same bits alone and among up to
  * TQ_VK_FA_SAME_ROWS rows, such as a speculative draft's verification batch (docs/VULKAN.md,
  * "Batch invariance"). Upstream tunes its shader by the row count: one row takes the scalar
  * shader with 64 keys per block, two to eight take 32 per block (or coopmat1 where the device
  * has it), and a row's online softmax then sums its keys in another order; `tq batch-check`
- * showed a token's attention output differ alone and in a batch of 4 on lavapipe past about 36
- * keys. Here a batch of up to TQ_VK_FA_SAME_ROWS rows over turbo K or V takes the one-row
- * tuning (`one_row`: scalar, its keys per block, threads and row split) with block_rows raised
- * to cover every row: each row runs the one-row arithmetic, the rows still share one tile (K and
- * V read and decoded once for all of them) and, as one tile, the same split of the keys across
- * workgroups as a lone row (ggml_vk_flash_attn's split_k follows the tiles). False where it does
- * not apply (a single row, more rows, no turbo side) or where the taller tile does not fit the
- * device's shared memory: upstream's tuning then stands. Called by get_fa_tuning_params (one
- * patch line). The GQA form of upstream's kernel (one mask for all heads: not the turbo K terms'
- * per-head mask) splits the keys by the token count and stays batch-variant. */
+ * showed a token's attention output differ alone and in a batch of 4 on lavapipe. Here such a
+ * batch takes the one-row tuning (`one_row`: scalar, its keys per block, threads and row split)
+ * with block_rows raised to cover every row: each row runs the one-row arithmetic, the rows
+ * still share one tile (K and V read and decoded once for all of them) and, as one tile, the
+ * same split of the keys across workgroups as a lone row (ggml_vk_flash_attn's split_k follows
+ * the tiles). Only for the op with the K terms (tq_vk_flash_attn's per-head mask, which keeps
+ * upstream's kernel out of its GQA form, where the split follows the token count and no tuning
+ * makes it invariant): the turbo K's default path, and the fewest new pipelines for a device to
+ * compile (lavapipe takes minutes each). False where it does not apply or where the taller tile
+ * does not fit the device's shared memory: upstream's tuning then stands. Called by
+ * ggml_vk_flash_attn after its tuning (one patch line). */
 #define TQ_VK_FA_SAME_ROWS 8
 static inline bool tq_vk_fa_small_batch(const vk_device & device, vk_fa_tuning_params & params,
-                                        const vk_fa_tuning_params & one_row, uint32_t n_rows, uint32_t hsk,
-                                        uint32_t hsv, bool f32acc, ggml_type k_type, ggml_type v_type) {
-    if (n_rows <= 1 || n_rows > TQ_VK_FA_SAME_ROWS || (!tq_vk_has_shaders(k_type) && !tq_vk_has_shaders(v_type))) {
+                                        const vk_fa_tuning_params & one_row, const struct ggml_tensor * dst,
+                                        uint32_t n_rows, uint32_t gqa_ratio, uint32_t hsk, uint32_t hsv, bool f32acc) {
+    if (n_rows <= 1 || n_rows > TQ_VK_FA_SAME_ROWS || gqa_ratio != 1 || !tq_fa_has_k_terms(dst)) {
         return false;
     }
     vk_fa_tuning_params p = one_row;
@@ -185,7 +186,7 @@ static inline bool tq_vk_fa_small_batch(const vk_device & device, vk_fa_tuning_p
         p.block_rows *= 2;
     }
     if (p.path != FA_SCALAR || p.block_rows % p.row_split != 0 ||
-        !ggml_vk_flash_attn_scalar_shmem_support(device, p, hsk, hsv, f32acc, k_type, v_type)) {
+        !ggml_vk_flash_attn_scalar_shmem_support(device, p, hsk, hsv, f32acc, dst->src[1]->type, dst->src[2]->type)) {
         return false;
     }
     params = p;
