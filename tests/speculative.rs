@@ -250,15 +250,7 @@ fn tq_batch_check_finds_the_cpu_batch_invariant() {
         300,
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    let summary = text
-        .lines()
-        .find(|l| l.contains("nodes bit-identical"))
-        .unwrap_or_else(|| panic!("no summary line:\n{text}"));
-    let same: usize = summary
-        .split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .expect("a count of identical nodes");
+    let (summary, same) = support::batch_check_summary(&text);
     assert!(
         out.status.success()
             && summary.contains(" 0 of the token's nodes differ")

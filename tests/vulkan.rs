@@ -756,15 +756,7 @@ fn verification_batches_on_vulkan_compute_each_token_as_decoded_alone() {
             !err.contains("no device `Vulkan0`"),
             "tq was built without Vulkan: cargo build --release -p tq --features turboquant/vulkan\n{err}"
         );
-        let summary = text
-            .lines()
-            .find(|l| l.contains("nodes bit-identical"))
-            .unwrap_or_else(|| panic!("{ctk}/{ctv}: no summary line:\n{text}\n{err}"));
-        let same: usize = summary
-            .split_whitespace()
-            .next()
-            .and_then(|n| n.parse().ok())
-            .expect("a count of identical nodes");
+        let (summary, same) = support::batch_check_summary(&text);
         eprintln!("tq batch-check on Vulkan0, {ctk}/{ctv}: {summary}");
         assert!(
             out.status.success() && summary.contains(" 0 of the token's nodes differ"),

@@ -185,7 +185,7 @@ static inline bool tq_vk_fa_small_batch(const vk_device & device, vk_fa_tuning_p
     while (p.block_rows < n_rows) {
         p.block_rows *= 2;
     }
-    if (p.path != FA_SCALAR || p.block_rows % p.row_split != 0 ||
+    if (p.block_rows % p.row_split != 0 ||
         !ggml_vk_flash_attn_scalar_shmem_support(device, p, hsk, hsv, f32acc, dst->src[1]->type, dst->src[2]->type)) {
         return false;
     }

@@ -167,3 +167,18 @@ pub fn venv(tag: &str, pkgs: &[&str]) -> PathBuf {
     std::fs::write(dir.join(".complete"), pkgs.join("\n")).unwrap();
     py
 }
+
+/// `tq batch-check`'s summary line in its output `text` ("N nodes bit-identical, ...") and N;
+/// panics with the whole output when there is none.
+pub fn batch_check_summary(text: &str) -> (&str, usize) {
+    let summary = text
+        .lines()
+        .find(|l| l.contains("nodes bit-identical"))
+        .unwrap_or_else(|| panic!("no tq batch-check summary line:\n{text}"));
+    let same = summary
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of identical nodes in {summary:?}"));
+    (summary, same)
+}
