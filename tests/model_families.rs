@@ -7,8 +7,8 @@
 //!   against q4_0's, both against the f16 cache.
 //! - random-weight models (scripts/random_gguf.py) of the attention variants: soft-capping
 //!   (gemma2), learned sinks (gpt-oss), partial RoPE (stablelm), MLA (deepseek2), 512-wide
-//!   heads (llama): each runs, its PPL stays near the f16 cache's, and llama's log says what
-//!   the turbo K mean does there.
+//!   heads (llama), hybrids (granitehybrid, lfm2): each runs, its PPL stays near the f16
+//!   cache's, and llama's log says what the turbo K mean does there.
 //!
 //! The generated GGUFs are cached under target/test-models/families-*, keyed by a hash of
 //! both scripts and the arguments. Measured numbers and the table: docs/FAMILIES.md.
@@ -282,6 +282,32 @@ fn head_512_llama() {
     let m = random(
         "llama-h512",
         "--arch llama --head 512 --n-head 1 --n-head-kv 1 --n-layer 4 --n-ff 1024",
+    );
+    let (lines, _, _) = family(&m, TURBO);
+    assert_rope_frame(&lines, 1);
+}
+
+/// Hybrids keep K/V only in their attention layers: 6 layers, attention at 2 and 5, the
+/// rest recurrent. Granite-4.0-H style: Mamba-2 layers (R and S state) beside global
+/// attention; the one KV cache gets the mean in RoPE's frame.
+#[test]
+fn hybrid_granite() {
+    let m = random(
+        "granitehybrid",
+        "--arch granitehybrid --head 64 --n-head 8 --n-head-kv 2 --n-layer 6 --n-ff 1024 --d-state 128",
+    );
+    let (lines, _, _) = family(&m, TURBO);
+    assert_rope_frame(&lines, 1);
+}
+
+/// LFM2 style: short-conv layers (R state) beside attention layers that all slide (a window
+/// of 1024), so llama.cpp's global cache holds no layer. Only the window cache decides and
+/// logs a K mean (before 2026-12-07 the empty cache logged one too, for keys it never holds).
+#[test]
+fn hybrid_lfm2_all_layers_in_the_window() {
+    let m = random(
+        "lfm2",
+        "--arch lfm2 --head 64 --n-head 8 --n-head-kv 2 --n-layer 6 --n-ff 1024 --swa 1024 --l-cache 3",
     );
     let (lines, _, _) = family(&m, TURBO);
     assert_rope_frame(&lines, 1);

@@ -106,10 +106,20 @@ void llama_kv_cache::tq_rot_matrix(int64_t n, float * dst) const {
 // Decide whether this cache stores K minus a per-layer mean, and whether it balances K/Q.
 // Called before the layers are created (each layer then gets its k_mean tensor), with the
 // options of the context being created (tq-llama-options.h), and logged with what decided.
-void llama_kv_cache::tq_kmean_init(ggml_type type_k) {
+// filter: the constructor's, so a cache that will hold no layer (an iSWA model's half whose
+// attention layers all sit in the other, as LFM2 with a window) decides nothing and logs
+// nothing: its lines would claim a mean for keys it never stores.
+void llama_kv_cache::tq_kmean_init(ggml_type type_k, const layer_filter_cb & filter) {
     tq_kmean = false;
     tq_kbal  = false;
     if (!TQ_GGML_IS_TURBO(type_k)) {
+        return;
+    }
+    bool any_layer = false;
+    for (uint32_t il = 0; !any_layer && il < hparams.n_layer_all; ++il) {
+        any_layer = hparams.has_kv(il) && (!filter || filter(il));
+    }
+    if (!any_layer) {
         return;
     }
     const tq_llama_options opts = tq_llama_options_get();
