@@ -101,6 +101,40 @@ fn random(name: &str, args: &str) -> PathBuf {
     gguf(name, "random_gguf.py", &a)
 }
 
+/// The random-weight family models: (cache name, scripts/random_gguf.py arguments).
+const GEMMA2: (&str, &str) = (
+    "gemma2",
+    "--arch gemma2 --head 128 --n-head 2 --n-head-kv 1 --n-layer 4 --n-ff 1024 --swa 128",
+);
+const GPT_OSS: (&str, &str) = (
+    "gpt-oss",
+    "--arch gpt-oss --head 64 --n-head 4 --n-head-kv 2 --n-layer 4 --n-ff 256 --swa 128",
+);
+const STABLELM: (&str, &str) = (
+    "stablelm",
+    "--arch stablelm --head 64 --n-head 4 --n-head-kv 4 --n-layer 4 --n-ff 1024",
+);
+const DEEPSEEK2: (&str, &str) = (
+    "deepseek2",
+    "--arch deepseek2 --head 128 --n-head 4 --n-layer 4 --n-ff 1024 --q-lora 128 --kv-lora 256 --rot 64",
+);
+const LLAMA_H512: (&str, &str) = (
+    "llama-h512",
+    "--arch llama --head 512 --n-head 1 --n-head-kv 1 --n-layer 4 --n-ff 1024",
+);
+const GRANITE: (&str, &str) = (
+    "granitehybrid",
+    "--arch granitehybrid --head 64 --n-head 8 --n-head-kv 2 --n-layer 6 --n-ff 1024 --d-state 128",
+);
+const LFM2: (&str, &str) = (
+    "lfm2",
+    "--arch lfm2 --head 64 --n-head 8 --n-head-kv 2 --n-layer 6 --n-ff 1024 --swa 1024 --l-cache 3",
+);
+
+fn random_family(f: (&str, &str)) -> PathBuf {
+    random(f.0, f.1)
+}
+
 /// SmolLM2 with massive K channels: 2 RoPE pairs per KV head x 100 (Q x 1/100), and a
 /// K bias of 100 x 4 on the lowest-frequency pair.
 fn massive_k() -> PathBuf {
@@ -210,10 +244,7 @@ fn assert_rope_frame(lines: &[String], caches: usize) {
 /// Gemma-2 style: attention logits soft-capped (50), every other layer a 128-token window.
 #[test]
 fn soft_capping_gemma2() {
-    let m = random(
-        "gemma2",
-        "--arch gemma2 --head 128 --n-head 2 --n-head-kv 1 --n-layer 4 --n-ff 1024 --swa 128",
-    );
+    let m = random_family(GEMMA2);
     let (lines, _, _) = family(&m, TURBO);
     // the mean in RoPE's frame adds each key's share back before the cap: exact, so on
     assert_rope_frame(&lines, 2);
@@ -222,10 +253,7 @@ fn soft_capping_gemma2() {
 /// gpt-oss style: a learned sink logit per head, windowed layers, a small MoE.
 #[test]
 fn learned_sinks_gpt_oss() {
-    let m = random(
-        "gpt-oss",
-        "--arch gpt-oss --head 64 --n-head 4 --n-head-kv 2 --n-layer 4 --n-ff 256 --swa 128",
-    );
+    let m = random_family(GPT_OSS);
     let (lines, _, _) = family(&m, TURBO);
     // the sink logit is left untouched, the keys' raw logits restored: exact, so on
     assert_rope_frame(&lines, 2);
@@ -236,10 +264,7 @@ fn learned_sinks_gpt_oss() {
 /// same term adds back (tq_rf_pairs in ggml-ext/llama/tq-kmean-rope.h), balancing on.
 #[test]
 fn partial_rope_stablelm() {
-    let m = random(
-        "stablelm",
-        "--arch stablelm --head 64 --n-head 4 --n-head-kv 4 --n-layer 4 --n-ff 1024",
-    );
+    let m = random_family(STABLELM);
     let (lines, _, _) = family(&m, TURBO);
     assert_rope_frame(&lines, 1);
     assert!(
@@ -253,13 +278,6 @@ fn partial_rope_stablelm() {
     family(&m, ("turbo3", "turbo3"));
 }
 
-fn mla_model() -> PathBuf {
-    random(
-        "deepseek2",
-        "--arch deepseek2 --head 128 --n-head 4 --n-layer 4 --n-ff 1024 --q-lora 128 --kv-lora 256 --rot 64",
-    )
-}
-
 /// DeepSeek-V2 style MLA (q_lora 128, kv_lora 256, 64 RoPE channels): the cache holds one
 /// 320-wide latent K per token and no V (V is a view of K), so K and V must share a type.
 /// It runs, with the K mean off: V is a view of K's latent part, so a mean taken out of K
@@ -267,7 +285,7 @@ fn mla_model() -> PathBuf {
 /// (It was refused until tq_rot_init stopped judging the V type of a cache that stores no V.)
 #[test]
 fn mla_deepseek2() {
-    let (lines, _, _) = family(&mla_model(), ("turbo4", "turbo4"));
+    let (lines, _, _) = family(&random_family(DEEPSEEK2), ("turbo4", "turbo4"));
     let off = "turbo K mean removal: off (MLA: V is a view of K's latent part";
     assert_eq!(
         lines.iter().filter(|l| l.contains(off)).count(),
@@ -279,10 +297,7 @@ fn mla_deepseek2() {
 /// 512-wide heads (Gemma-4-style global layers) on the llama arch.
 #[test]
 fn head_512_llama() {
-    let m = random(
-        "llama-h512",
-        "--arch llama --head 512 --n-head 1 --n-head-kv 1 --n-layer 4 --n-ff 1024",
-    );
+    let m = random_family(LLAMA_H512);
     let (lines, _, _) = family(&m, TURBO);
     assert_rope_frame(&lines, 1);
 }
@@ -292,10 +307,7 @@ fn head_512_llama() {
 /// attention; the one KV cache gets the mean in RoPE's frame.
 #[test]
 fn hybrid_granite() {
-    let m = random(
-        "granitehybrid",
-        "--arch granitehybrid --head 64 --n-head 8 --n-head-kv 2 --n-layer 6 --n-ff 1024 --d-state 128",
-    );
+    let m = random_family(GRANITE);
     let (lines, _, _) = family(&m, TURBO);
     assert_rope_frame(&lines, 1);
 }
@@ -305,12 +317,57 @@ fn hybrid_granite() {
 /// logs a K mean (before 2026-12-07 the empty cache logged one too, for keys it never holds).
 #[test]
 fn hybrid_lfm2_all_layers_in_the_window() {
-    let m = random(
-        "lfm2",
-        "--arch lfm2 --head 64 --n-head 8 --n-head-kv 2 --n-layer 6 --n-ff 1024 --swa 1024 --l-cache 3",
-    );
+    let m = random_family(LFM2);
     let (lines, _, _) = family(&m, TURBO);
     assert_rope_frame(&lines, 1);
+}
+
+/// Every random family through llama-server with turbo caches: the model loads, a raw
+/// completion of 16 tokens (end of text ignored: random weights) comes back whole, and the
+/// log shows the turbo cache and what the K mean does there (MLA: turbo4 for K and V, which
+/// share a type there, the mean off with its reason).
+#[test]
+fn every_family_serves_with_turbo_caches() {
+    for (f, ct, k_mean) in [
+        (GEMMA2, TURBO, "turbo K mean in RoPE's frame: on"),
+        (GPT_OSS, TURBO, "turbo K mean in RoPE's frame: on"),
+        (STABLELM, TURBO, "turbo K mean in RoPE's frame: on"),
+        (
+            DEEPSEEK2,
+            ("turbo4", "turbo4"),
+            "turbo K mean removal: off (MLA",
+        ),
+        (LLAMA_H512, TURBO, "turbo K mean in RoPE's frame: on"),
+        (GRANITE, TURBO, "turbo K mean in RoPE's frame: on"),
+        (LFM2, TURBO, "turbo K mean in RoPE's frame: on"),
+    ] {
+        let m = random_family(f);
+        let srv = server::Server::start_model(
+            &m,
+            &[
+                "-c", "1024", "-np", "1", "-fa", "on", "-ctk", ct.0, "-ctv", ct.1, "-lv", "4",
+            ],
+            &[],
+        );
+        let r = srv.post_ok(
+            "/completion",
+            &serde_json::json!({
+                "prompt": "The cache of a language model holds",
+                "n_predict": 16,
+                "temperature": 0,
+                "ignore_eos": true,
+            }),
+        );
+        let log = srv.stop();
+        let tail = &log[log.len().saturating_sub(3000)..];
+        assert_eq!(r["tokens_predicted"], 16, "{}: {r}\n{tail}", f.0);
+        assert!(
+            log.contains(&format!("K ({}):", ct.0)) && log.contains(k_mean),
+            "{}: {tail}",
+            f.0
+        );
+        eprintln!("{}: llama-server with {ct:?}: 16 tokens", f.0);
+    }
 }
 
 fn kld(log: &str) -> f64 {
