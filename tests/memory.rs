@@ -334,8 +334,8 @@ fn gemma3_window_and_global_caches_match_llama_cpp() {
 /// A python with numpy and pyyaml for vendor/llama.cpp/gguf-py, in the turboquant cache.
 fn python() -> PathBuf {
     venv(
-        "gguf-numpy-2.2.6-pyyaml-6.0.2",
-        &["numpy==2.2.6", "pyyaml==6.0.2"],
+        turboquant::cache_dir::GGUF_PY_VENV,
+        turboquant::cache_dir::GGUF_PY_PKGS,
     )
 }
 

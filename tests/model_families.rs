@@ -41,8 +41,8 @@ const PPL_VS_F16: f64 = 1.25;
 /// makes, in the turboquant cache).
 fn python() -> PathBuf {
     venv(
-        "gguf-numpy-2.2.6-pyyaml-6.0.2",
-        &["numpy==2.2.6", "pyyaml==6.0.2"],
+        turboquant::cache_dir::GGUF_PY_VENV,
+        turboquant::cache_dir::GGUF_PY_PKGS,
     )
 }
 
@@ -136,17 +136,17 @@ fn random_family(f: (&str, &str)) -> PathBuf {
 }
 
 /// SmolLM2 with massive K channels: 2 RoPE pairs per KV head x 100 (Q x 1/100), and a
-/// K bias of 100 x 4 on the lowest-frequency pair.
+/// K bias of 100 x 4 on the lowest-frequency pair: `tq fetch smollm2-135m-k100b`, which
+/// makes it with scripts/transform_gguf.py and checks its pinned sha256 (the model of the
+/// results file's massive-K tables).
 fn massive_k() -> PathBuf {
-    let a: Vec<String> = [
-        model().display().to_string(),
-        "--scale".into(),
-        "100".into(),
-        "--k-bias".into(),
-        "4".into(),
-    ]
-    .into();
-    gguf("smollm2-k100-bias4", "transform_gguf.py", &a)
+    let out = run(Command::new(bin("tq")).args(["fetch", "smollm2-135m-k100b"]));
+    assert!(
+        out.status.success(),
+        "tq fetch smollm2-135m-k100b: {}",
+        text(&out)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 /// One llama-perplexity run over the llama.cpp docs with K/V cache types `ct`; returns

@@ -137,35 +137,10 @@ pub fn number_after(out: &str, label: &str) -> Option<f64> {
 }
 
 /// A Python virtualenv with `pkgs` (pinned `name==version`), made once in the turboquant cache
-/// under `venv/<tag>` and marked complete only after pip succeeded; returns its python.
+/// under `venv/<tag>` (turboquant::cache_dir::python_venv); returns its python.
 #[allow(dead_code)]
 pub fn venv(tag: &str, pkgs: &[&str]) -> PathBuf {
-    let dir = turboquant::cache_dir::cache_dir().join("venv").join(tag);
-    let py = dir.join("bin/python");
-    if py.exists() && dir.join(".complete").exists() {
-        return py;
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    run_limited(
-        Command::new("python3").args(["-m", "venv"]).arg(&dir),
-        Duration::from_secs(120),
-        "python3 -m venv (Debian: apt-get install python3-venv)",
-    );
-    run_limited(
-        Command::new(&py)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(pkgs),
-        Duration::from_secs(300),
-        &format!("pip install {}", pkgs.join(" ")),
-    );
-    std::fs::write(dir.join(".complete"), pkgs.join("\n")).unwrap();
-    py
+    turboquant::cache_dir::python_venv(tag, pkgs).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `tq batch-check`'s summary line in its output `text` ("N nodes bit-identical, ...") and N;

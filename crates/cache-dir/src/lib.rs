@@ -1,5 +1,5 @@
-//! Where turboquant caches downloads (the pinned llama.cpp sdist, models, ccache) across
-//! builds and fresh clones: `$TQ_CACHE_DIR`, else `$XDG_CACHE_HOME/turboquant`, else
+//! Where turboquant caches downloads (the pinned llama.cpp sdist, models, ccache, the Python
+//! environment of the GGUF scripts) across builds and fresh clones: `$TQ_CACHE_DIR`, else `$XDG_CACHE_HOME/turboquant`, else
 //! `~/.cache/turboquant`. One definition for the root package's build script (a
 //! build-dependency: it materialises llama.cpp there), its library (re-exported as
 //! `turboquant::cache_dir`), `tq` and the tests.
@@ -17,4 +17,54 @@ pub fn cache_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| home.join(".cache"))
         .join("turboquant")
+}
+
+/// The Python that vendor/llama.cpp/gguf-py needs (numpy, pyyaml), for the scripts that
+/// write GGUF files (scripts/transform_gguf.py, random_gguf.py): a virtualenv made once under
+/// `<cache>/venv/`, its versions pinned, marked complete only after pip succeeded. Used by
+/// `tq fetch` for derived models and by the tests for their random ones.
+pub const GGUF_PY_VENV: &str = "gguf-numpy-2.2.6-pyyaml-6.0.2";
+pub const GGUF_PY_PKGS: &[&str] = &["numpy==2.2.6", "pyyaml==6.0.2"];
+
+/// A virtualenv `<cache>/venv/<tag>` with `pkgs` (pinned `name==version`); returns its python.
+pub fn python_venv(tag: &str, pkgs: &[&str]) -> Result<PathBuf, String> {
+    use std::process::Command;
+    let dir = cache_dir().join("venv").join(tag);
+    let py = dir.join("bin/python");
+    if py.exists() && dir.join(".complete").exists() {
+        return Ok(py);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
+        let o = cmd
+            .output()
+            .map_err(|e| format!("{what}: cannot run {:?}: {e}", cmd.get_program()))?;
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} failed ({}):\n{}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+            ))
+        }
+    };
+    run(
+        Command::new("python3").args(["-m", "venv"]).arg(&dir),
+        "python3 -m venv (Debian: apt-get install python3-venv)",
+    )?;
+    run(
+        Command::new(&py)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(pkgs),
+        &format!("pip install {}", pkgs.join(" ")),
+    )?;
+    std::fs::write(dir.join(".complete"), pkgs.join("\n")).map_err(|e| e.to_string())?;
+    Ok(py)
 }

@@ -158,7 +158,8 @@ enum Cmd {
     /// Which K statistics (K mean frame, balancing, exact first keys) hold at long context:
     /// the attention KL of each variant with the codec's error modelled as isotropic noise.
     KmeanSim(lab_cmd::KmeanSimOpts),
-    /// Fetch a known model into the cache and print its path.
+    /// Fetch a known model into the cache (or make a derived one, such as
+    /// smollm2-135m-k100b, from its base) and print its path.
     Fetch {
         #[arg(default_value = models::DEFAULT_MODEL)]
         name: String,

@@ -57,6 +57,30 @@ pub const KNOWN: &[KnownModel] = &[
     },
 ];
 
+/// A model made from a known one by a script of this repository (scripts/), deterministic
+/// (numpy pinned: cache_dir::GGUF_PY_PKGS), so its bytes are pinned like a fetched model's.
+pub struct DerivedModel {
+    pub name: &'static str,
+    pub base: &'static str,
+    /// under scripts/, run with vendor/llama.cpp/gguf-py on the path: `script base args -o out`
+    pub script: &'static str,
+    pub args: &'static [&'static str],
+    pub file: &'static str,
+    pub sha256: &'static str,
+}
+
+pub const DERIVED: &[DerivedModel] = &[DerivedModel {
+    // massive K channels (issue 38, docs/FAMILIES.md): in every layer and KV head, RoPE
+    // pairs 31 and 16 of K x100 and the matching query pairs x1/100 (every q.k unchanged),
+    // plus a K bias of 100 x 4 on pair 31; attn_q / attn_k stored as F32
+    name: "smollm2-135m-k100b",
+    base: "smollm2-135m",
+    script: "transform_gguf.py",
+    args: &["--scale", "100", "--k-bias", "4"],
+    file: "SmolLM2-135M-Instruct.k100-bias4.gguf",
+    sha256: "e300af11bec6d3ed1237a41af6668c445971c519293d6b241c0d5f164e8c67be",
+}];
+
 pub use crate::cache_dir::cache_dir;
 
 fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
@@ -79,11 +103,18 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf, String> {
     if let Some(m) = KNOWN.iter().find(|m| m.name == spec) {
         return fetch(m);
     }
+    if let Some(d) = DERIVED.iter().find(|d| d.name == spec) {
+        return derive(d);
+    }
     let p = PathBuf::from(spec);
     if p.is_file() {
         return Ok(p);
     }
-    let names: Vec<&str> = KNOWN.iter().map(|m| m.name).collect();
+    let names: Vec<&str> = KNOWN
+        .iter()
+        .map(|m| m.name)
+        .chain(DERIVED.iter().map(|d| d.name))
+        .collect();
     Err(format!(
         "no model file `{spec}` (give a .gguf path or one of: {})",
         names.join(", ")
@@ -112,16 +143,69 @@ fn sha256_file(path: &Path) -> Result<String, String> {
 
 /// The model file is the pinned one (checked on every use, not only after the download).
 fn verify(m: &KnownModel, path: &Path) -> Result<(), String> {
+    verify_pin(m.name, m.sha256, path)
+}
+
+fn verify_pin(name: &str, sha256: &str, path: &Path) -> Result<(), String> {
     let got = sha256_file(path)?;
-    if got != m.sha256 {
+    if got != sha256 {
         return Err(format!(
-            "{} has sha256 {got}, {} is pinned to {}; delete the file to refetch it",
+            "{} has sha256 {got}, {name} is pinned to {sha256}; delete the file to refetch it",
             path.display(),
-            m.name,
-            m.sha256
         ));
     }
     Ok(())
+}
+
+/// A derived model's file: made once from its base (fetched first) by its script, checked
+/// against its pin before it is moved into place and on every use.
+pub fn derive(d: &DerivedModel) -> Result<PathBuf, String> {
+    let dir = cache_dir().join("models");
+    let dest = dir.join(d.file);
+    if dest.is_file() {
+        verify_pin(d.name, d.sha256, &dest)?;
+        return Ok(dest);
+    }
+    let base = KNOWN
+        .iter()
+        .find(|m| m.name == d.base)
+        .ok_or_else(|| format!("{}: no known base model {}", d.name, d.base))?;
+    let base = fetch(base)?;
+    let root = crate::corpus::repo_root().ok_or_else(|| {
+        format!(
+            "{}: made by scripts/{}, but the repository is not found",
+            d.name, d.script
+        )
+    })?;
+    let py = crate::cache_dir::python_venv(
+        crate::cache_dir::GGUF_PY_VENV,
+        crate::cache_dir::GGUF_PY_PKGS,
+    )?;
+    eprintln!(
+        "tq: making {} from {} (scripts/{} {})",
+        d.name,
+        d.base,
+        d.script,
+        d.args.join(" ")
+    );
+    let tmp = dest.with_extension("partial");
+    run(
+        Command::new(py)
+            .env("PYTHONPATH", root.join("vendor/llama.cpp/gguf-py"))
+            .arg(root.join("scripts").join(d.script))
+            .arg(&base)
+            .args(d.args)
+            .arg("-o")
+            .arg(&tmp),
+        &format!("scripts/{}", d.script),
+    )?;
+    if let Err(e) = verify_pin(d.name, d.sha256, &tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, &dest)
+        .map_err(|e| format!("cannot move {} into place: {e}", tmp.display()))?;
+    Ok(dest)
 }
 
 pub fn fetch(m: &KnownModel) -> Result<PathBuf, String> {
@@ -226,5 +310,48 @@ pub fn sibling_tool(name: &str) -> Result<PathBuf, String> {
              or point TQ_LLAMA_BIN_DIR at the directory holding it",
             p.display()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every derived model names a known base and a script of the repository, and no two
+    /// models share a name or a cache file (resolve() would pick one silently).
+    #[test]
+    fn derived_models_have_a_base_a_script_and_their_own_names() {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for d in DERIVED {
+            assert!(
+                KNOWN.iter().any(|m| m.name == d.base),
+                "{}: base {}",
+                d.name,
+                d.base
+            );
+            assert!(
+                root.join("scripts").join(d.script).is_file(),
+                "{}: {}",
+                d.name,
+                d.script
+            );
+            assert_eq!(d.sha256.len(), 64, "{}", d.name);
+        }
+        let names: Vec<&str> = KNOWN
+            .iter()
+            .map(|m| m.name)
+            .chain(DERIVED.iter().map(|d| d.name))
+            .collect();
+        let files: Vec<&str> = KNOWN
+            .iter()
+            .map(|m| m.file)
+            .chain(DERIVED.iter().map(|d| d.file))
+            .collect();
+        for list in [&names, &files] {
+            let mut l = list.to_vec();
+            l.sort();
+            l.dedup();
+            assert_eq!(l.len(), list.len(), "{list:?}");
+        }
     }
 }

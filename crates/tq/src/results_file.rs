@@ -23,6 +23,17 @@ pub const MODELS: &[(&str, &str)] = &[
     ("smollm2-135m", "SmolLM2-135M"),
     ("gemma3-270m", "Gemma-3-270M"),
 ];
+/// Models measured for quality only, where a turbo cache meets what breaks other caches
+/// (tq fetch makes them from a model above: models::DERIVED). Not in the README's table or
+/// the speed and memory sections: the same network as their base, so the same speed and size.
+pub const STRESS_MODELS: &[(&str, &str)] = &[(
+    "smollm2-135m-k100b",
+    "SmolLM2-135M with massive K channels (x100 and a K bias)",
+)];
+/// Every model of the quality section, the matrix's first.
+fn quality_models() -> impl Iterator<Item = &'static (&'static str, &'static str)> {
+    MODELS.iter().chain(STRESS_MODELS)
+}
 /// The texts: the docs text the tests use, and a held-out one from the same pinned tree.
 pub const TEXTS: &[(&str, &str)] = &[
     (
@@ -41,17 +52,19 @@ pub const QUALITY_PAIRS: &str = "f16,q8_0,q4_0,turbo4,turbo4/turbo3,turbo3,turbo
 pub const CTXS: &[u64] = &[512, 4096, 8192];
 /// Context per chunk and chunks of the text, per model: SmolLM2 4096 tokens at 512 and 8192
 /// at 4096 and 8192; Gemma, about twice the compute per token (its 262k-token vocabulary),
-/// half as many at 512 and 4096, so that the matrix stays near two hours on 2 cores.
-pub const CTX_CHUNKS: &[(&str, [(u64, u64); 3])] = &[
-    ("smollm2-135m", [(512, 8), (4096, 2), (8192, 1)]),
-    ("gemma3-270m", [(512, 4), (4096, 1), (8192, 1)]),
+/// half as many at 512 and 4096, so that the matrix stays near two hours on 2 cores. The
+/// massive-K SmolLM2 at the issue's two contexts (issue 38: 512 and 4096), as its base.
+pub const CTX_CHUNKS: &[(&str, &[(u64, u64)])] = &[
+    ("smollm2-135m", &[(512, 8), (4096, 2), (8192, 1)]),
+    ("gemma3-270m", &[(512, 4), (4096, 1), (8192, 1)]),
+    ("smollm2-135m-k100b", &[(512, 8), (4096, 2)]),
 ];
 
 fn ctx_chunks(model: &str) -> &'static [(u64, u64)] {
     CTX_CHUNKS
         .iter()
         .find(|c| c.0 == model)
-        .map_or(&[], |c| &c.1)
+        .map_or(&[], |c| c.1)
 }
 pub const SPEED_PAIRS: &str = "f16,q8_0,turbo4/turbo3,turbo3";
 /// llama-bench depths; 16384 is left out: its prefill before every test costs minutes per
@@ -184,7 +197,7 @@ fn pos<T: PartialEq>(list: impl IntoIterator<Item = T>, x: T) -> usize {
     list.into_iter().position(|y| y == x).unwrap_or(usize::MAX)
 }
 fn model_pos(m: &str) -> usize {
-    pos(MODELS.iter().map(|m| m.0), m)
+    pos(quality_models().map(|m| m.0), m)
 }
 fn text_pos(t: &str) -> usize {
     pos(TEXTS.iter().map(|t| t.0), t)
@@ -200,7 +213,7 @@ fn pair_pos(spec: &str, p: &str) -> usize {
     pos(pair_labels(spec).iter().map(String::as_str), p)
 }
 fn model_title(m: &str) -> &str {
-    MODELS.iter().find(|x| x.0 == m).map_or(m, |x| x.1)
+    quality_models().find(|x| x.0 == m).map_or(m, |x| x.1)
 }
 
 impl Quality {
@@ -300,9 +313,9 @@ impl Doc {
     pub fn unmeasured(&self) -> Vec<String> {
         let mut out = Vec::new();
         let qpairs = pair_labels(QUALITY_PAIRS);
-        for (m, _) in MODELS {
+        for (m, _) in quality_models() {
             for (t, _) in TEXTS {
-                for ctx in CTXS {
+                for (ctx, _) in ctx_chunks(m) {
                     let have = qpairs
                         .iter()
                         .filter(|p| {
@@ -433,8 +446,14 @@ pub fn render_md(doc: &Doc) -> String {
 
     s += "## The matrix\n\n";
     s += &format!(
-        "- Models: {}.\n",
+        "- Models: {}. For quality only: {}, made by `tq fetch` from its base with \
+         scripts/transform_gguf.py (every q.k unchanged; [FAMILIES.md](FAMILIES.md)).\n",
         MODELS
+            .iter()
+            .map(|(n, t)| format!("{t} (`{n}`)"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        STRESS_MODELS
             .iter()
             .map(|(n, t)| format!("{t} (`{n}`)"))
             .collect::<Vec<_>>()
@@ -906,7 +925,8 @@ pub struct Options {
     /// measure only these sections (comma-separated; default: all)
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Section>,
-    /// models of the matrix to measure (comma-separated; default: smollm2-135m,gemma3-270m)
+    /// models of the matrix to measure (comma-separated; default: smollm2-135m,gemma3-270m and,
+    /// for quality only, smollm2-135m-k100b)
     #[arg(long, value_delimiter = ',')]
     pub models: Vec<String>,
     /// quality contexts to measure (comma-separated; default: 512,4096,8192)
@@ -1071,7 +1091,7 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
         if model_pos(m) == usize::MAX {
             return Err(format!(
                 "--models: `{m}` is not in the matrix (valid: {})",
-                MODELS.iter().map(|m| m.0).collect::<Vec<_>>().join(", ")
+                quality_models().map(|m| m.0).collect::<Vec<_>>().join(", ")
             ));
         }
     }
@@ -1097,11 +1117,10 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
         s.dedup();
         s
     };
-    let models: Vec<&str> = MODELS
-        .iter()
-        .map(|m| m.0)
-        .filter(|m| o.models.is_empty() || o.models.iter().any(|x| x == m))
-        .collect();
+    let pick = |m: &&str| o.models.is_empty() || o.models.iter().any(|x| x == m);
+    let models: Vec<&str> = MODELS.iter().map(|m| m.0).filter(pick).collect();
+    // the stress models too, for quality only
+    let quality_only: Vec<&str> = quality_models().map(|m| m.0).filter(pick).collect();
     let (ok, commit) = git(&root, &["rev-parse", "--short=10", "HEAD"]).unwrap_or_default();
     let dirty = git(
         &root,
@@ -1161,7 +1180,7 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
     let mut failed = false;
     for s in &sections {
         failed |= match s {
-            Section::Quality => quality(&mut cx, &models, &o)?,
+            Section::Quality => quality(&mut cx, &quality_only, &o)?,
             Section::Memory => memory(&mut cx, &models)?,
             Section::Speed => speed(&mut cx, &models, o.max_load)?,
         };
