@@ -2,7 +2,7 @@
 //! A state carries each layer's K mean m and K/Q balancing scale s (as s - 1); s divides
 //! every query, and a NaN m survives even an emptied cache (the modes multiply it by 0).
 //! The restore path (tq-llama-kv-cache.cpp) refuses non-finite values, an s outside the
-//! writer's clamp [1/8, 8], an unknown tag, and a mean that differs from the one a busy
+//! writer's clamp [1/64, 64] (TQ_KBAL_MAX), an unknown tag, and a mean that differs from the one a busy
 //! cache uses; llama-server answers 400 and the cache keeps answering as before.
 //! Each sequence's exact first key (tq-sink.h) follows it through a restore into another
 //! slot and through `seq_cp` (llama-server's `n_cmpl` children).
@@ -62,13 +62,13 @@ fn refused(srv: &mut Server, slot: usize, name: &str, file: &str, log_says: &str
     eprintln!("{name}: 400, log: {log_says:?}");
 }
 
-/// NaN mean (first and last layer), s = 0, s = 1e30, s = NaN, s = 9 (past the clamp), an
+/// NaN mean (first and last layer), s = 0, s = 1e30, s = NaN, s = 65 (past the clamp), an
 /// unknown tag, the tag of the other mode, a NaN exact first key, an unknown tag or an
 /// impossible entry count where the exact first keys (tq-sink.h) should be, an exact key
 /// for a cell that is not at position 0, and a file cut
 /// inside the tag: each refused with
 /// 400 and its own log line, the server alive, and the slot then answers exactly as before
-/// (a poisoned mean would change or NaN every answer). s = 8, the clamp's edge, is taken.
+/// (a poisoned mean would change or NaN every answer). s = 64, the clamp's edge, is taken.
 #[test]
 fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
     let dir = slot_dir("poison");
@@ -158,7 +158,7 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
                 "balancing scale 9 is 1e+30",
             ),
             ("s = NaN", with(s0, f32::NAN), "balancing scale 0 is nan"),
-            ("s = 9", with(s0, 8.0), "balancing scale 0 is 9"),
+            ("s = 65", with(s0, 64.0), "balancing scale 0 is 65"),
             (
                 "unknown tag, layer 3",
                 tag,
@@ -195,10 +195,10 @@ fn restore_refuses_non_finite_or_out_of_range_k_mean_and_balancing_scale() {
 
     // the edge of the clamp is what the writer can produce: adopted
     let mut edge = good.clone();
-    set_f32(&mut edge, s0, 7.0);
+    set_f32(&mut edge, s0, 63.0);
     std::fs::write(dir.join("edge.bin"), &edge).unwrap();
     let r = slot_action(&srv, 0, "restore", "edge.bin");
-    assert_eq!(r.code, 200, "s = 8 refused: {}", r.body);
+    assert_eq!(r.code, 200, "s = 64 refused: {}", r.body);
     srv.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -163,12 +163,16 @@ static inline void tq_kmean_map(const double * w, int64_t half, int64_t hd, bool
  * - s is equal on the two channels of every RoPE pair (adjacent for LLAMA_ROPE_TYPE_NORM,
  *   halves otherwise), so s commutes with RoPE and with M, and the K shift needs no change.
  * - Normalised per KV head so that the weighted |s * x|^2 keeps its energy (the fp16 block
- *   scales stay in range), then clamped to [1/8, 8] so q / s stays far from overflow in the
- *   f16 query of the tensor-core path.
+ *   scales stay in range), then clamped to [1/64, 64] so q / s stays far from overflow in the
+ *   f16 query of the tensor-core path (|q / s| <= 64 |q|). The range is what a model with K
+ *   channels 100x the rest needs: the normalisation puts the other channels' s near the top,
+ *   the massive ones' near the bottom, and [1/8, 8] (until 2026-12-07) clipped both, which
+ *   left turbo3's KLD there twice the unscaled model's (docs/FAMILIES.md). A model without
+ *   such channels never reaches either bound (its logits are the same bits under both).
  * - Stored as s - 1 after m: a cleared buffer (ZERO mode) reads as s = 1. The stored m is
  *   the mean of the balanced keys, s * F kbar.
  */
-#define TQ_KBAL_MAX 8.0f
+#define TQ_KBAL_MAX 64.0f
 #define TQ_KBAL_QUERIES 64
 
 /* x [hd, nh] contiguous -> each RoPE pair (tq_rf_pairs) replaced by the mean of its two channels. */

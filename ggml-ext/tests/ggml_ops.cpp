@@ -482,7 +482,7 @@ extern "C" int tq_test_kmean(char * err_buf, size_t cap) {
 //    per query), in all three modes, for a prefill-sized ubatch (statistics computed) and a
 //    decode-sized one (stored s only); the map M is the identity here;
 // 2. SET stores s - 1 with s equal on every RoPE pair (adjacent or halves), within
-//    [1/8, 8], the attention-weighted centred key energy kept per KV head when nothing is
+//    [1/TQ_KBAL_MAX, TQ_KBAL_MAX], the attention-weighted centred key energy kept per KV head when nothing is
 //    clamped, and s^4 proportional to the pair's query energy over that key energy; KEEP
 //    uses the stored s, ZERO s = 1;
 // 3. s commutes with RoPE (so the K shift needs no change), and on keys and queries whose

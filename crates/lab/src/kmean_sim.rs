@@ -40,8 +40,8 @@ use turboquant_codec::rotation::SplitMix64;
 /// tq-kmean.h's `TQ_KBAL_QUERIES`: the last queries of the first ubatch whose attention
 /// weighs the keys of balancing.
 pub const KBAL_QUERIES: usize = 64;
-/// tq-kmean.h's `TQ_KBAL_MAX`: s is clamped to [1/8, 8].
-pub const KBAL_MAX: f64 = 8.0;
+/// tq-kmean.h's `TQ_KBAL_MAX`: s is clamped to [1/64, 64].
+pub const KBAL_MAX: f64 = 64.0;
 
 /// The mean a variant removes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,7 +239,7 @@ impl Head<'_> {
 
     /// `s` from the key energy `rk` (per channel) and the query energy of the first `n`
     /// tokens: tq_kbal_scale's `(rq / rk)^(1/4)`, pairs tied, normalised so that the
-    /// weighted `|s x|²` keeps its energy, clamped to [1/8, 8].
+    /// weighted `|s x|²` keeps its energy, clamped to [1/64, 64].
     fn scale_from(&self, mut rk: Vec<f64>, n: usize) -> Vec<f64> {
         let d = self.d;
         self.tie(&mut rk);
