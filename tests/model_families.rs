@@ -28,14 +28,15 @@ use support::*;
 const RANDOM_PPL_REL: f64 = 0.03;
 
 /// The massive-K model at ctx 512 (4 chunks, one pass), KLD against the f16 cache, turbo
-/// over q4_0 (which collapses there: KLD 6.43). Measured (docs/FAMILIES.md): turbo4 0.0056x,
-/// turbo3 0.019x; the issue's targets are 0.5x and 1.0x, met by far, so these bounds are
-/// the measured ratios with room (x 3.5, x 2.6) to catch turbo losing its grip instead.
-const TURBO4_VS_Q4_0: f64 = 0.02;
-const TURBO3_VS_Q4_0: f64 = 0.05;
-/// turbo PPL over the f16 cache's there: measured 1.03 (turbo4), 1.10 (turbo3); the issue
+/// over q4_0 (which collapses there: KLD 6.41). Measured since balancing's clamp is
+/// [1/64, 64] (2026-12-07): turbo4 0.0026x, turbo3 0.0103x, each about the unscaled model's
+/// own KLD; with the old [1/8, 8] they were 0.0056x and 0.019x, twice that, which these
+/// bounds (the measured ratios x 1.5) catch. The issue's targets are 0.5x and 1.0x.
+const TURBO4_VS_Q4_0: f64 = 0.004;
+const TURBO3_VS_Q4_0: f64 = 0.015;
+/// turbo PPL over the f16 cache's there: measured 1.012 (turbo4), 1.060 (turbo3); the issue
 /// allows 1.5.
-const PPL_VS_F16: f64 = 1.25;
+const PPL_VS_F16: f64 = 1.12;
 
 /// A python with numpy and pyyaml for vendor/llama.cpp/gguf-py (the venv tests/memory.rs
 /// makes, in the turboquant cache).
