@@ -350,7 +350,7 @@ fn restore_into_a_busy_unified_cache_with_another_mean_is_refused_and_the_live_s
 #[test]
 fn restore_into_an_empty_stream_of_a_busy_cache_keeps_its_own_mean() {
     let dir = slot_dir("stream");
-    let mut srv = slot_server(&dir, 2, &[]);
+    let srv = slot_server(&dir, 2, &[]);
     let a = tokens(&srv, PROMPT_A);
     let a0 = complete(&srv, 0, &a, 8);
     slot_ok(&srv, 0, "save", "a.bin");
