@@ -242,22 +242,26 @@ fn assert_rope_frame(lines: &[String], caches: usize) {
     assert!(!has(lines, "off here"), "{lines:#?}");
 }
 
+/// A random family model with turbo4 K / turbo3 V through family(), the K mean in RoPE's
+/// frame on in each of its `caches` caches; returns the K mean lines.
+fn rope_frame_family(f: (&str, &str), caches: usize) -> Vec<String> {
+    let (lines, _, _) = family(&random_family(f), TURBO);
+    assert_rope_frame(&lines, caches);
+    lines
+}
+
 /// Gemma-2 style: attention logits soft-capped (50), every other layer a 128-token window.
 #[test]
 fn soft_capping_gemma2() {
-    let m = random_family(GEMMA2);
-    let (lines, _, _) = family(&m, TURBO);
     // the mean in RoPE's frame adds each key's share back before the cap: exact, so on
-    assert_rope_frame(&lines, 2);
+    rope_frame_family(GEMMA2, 2);
 }
 
 /// gpt-oss style: a learned sink logit per head, windowed layers, a small MoE.
 #[test]
 fn learned_sinks_gpt_oss() {
-    let m = random_family(GPT_OSS);
-    let (lines, _, _) = family(&m, TURBO);
     // the sink logit is left untouched, the keys' raw logits restored: exact, so on
-    assert_rope_frame(&lines, 2);
+    rope_frame_family(GPT_OSS, 2);
 }
 
 /// StableLM style: RoPE on a quarter of each head (16 of 64 channels, NEOX). The K mean is
@@ -265,9 +269,7 @@ fn learned_sinks_gpt_oss() {
 /// same term adds back (tq_rf_pairs in ggml-ext/llama/tq-kmean-rope.h), balancing on.
 #[test]
 fn partial_rope_stablelm() {
-    let m = random_family(STABLELM);
-    let (lines, _, _) = family(&m, TURBO);
-    assert_rope_frame(&lines, 1);
+    let lines = rope_frame_family(STABLELM, 1);
     assert!(
         has(
             &lines,
@@ -276,7 +278,7 @@ fn partial_rope_stablelm() {
         "{lines:#?}"
     );
     // turbo3 K as well (family() checks the PPL against f16's)
-    family(&m, ("turbo3", "turbo3"));
+    family(&random_family(STABLELM), ("turbo3", "turbo3"));
 }
 
 /// DeepSeek-V2 style MLA (q_lora 128, kv_lora 256, 64 RoPE channels): the cache holds one
@@ -298,9 +300,7 @@ fn mla_deepseek2() {
 /// 512-wide heads (Gemma-4-style global layers) on the llama arch.
 #[test]
 fn head_512_llama() {
-    let m = random_family(LLAMA_H512);
-    let (lines, _, _) = family(&m, TURBO);
-    assert_rope_frame(&lines, 1);
+    rope_frame_family(LLAMA_H512, 1);
 }
 
 /// Hybrids keep K/V only in their attention layers: 6 layers, attention at 2 and 5, the
@@ -308,9 +308,7 @@ fn head_512_llama() {
 /// attention; the one KV cache gets the mean in RoPE's frame.
 #[test]
 fn hybrid_granite() {
-    let m = random_family(GRANITE);
-    let (lines, _, _) = family(&m, TURBO);
-    assert_rope_frame(&lines, 1);
+    rope_frame_family(GRANITE, 1);
 }
 
 /// LFM2 style: short-conv layers (R state) beside attention layers that all slide (a window
@@ -318,9 +316,7 @@ fn hybrid_granite() {
 /// logs a K mean (before 2026-12-07 the empty cache logged one too, for keys it never holds).
 #[test]
 fn hybrid_lfm2_all_layers_in_the_window() {
-    let m = random_family(LFM2);
-    let (lines, _, _) = family(&m, TURBO);
-    assert_rope_frame(&lines, 1);
+    rope_frame_family(LFM2, 1);
 }
 
 /// Every random family through llama-server with turbo caches: the model loads, a raw

@@ -1,6 +1,6 @@
 //! Where turboquant caches downloads (the pinned llama.cpp sdist, models, ccache, the Python
-//! environment of the GGUF scripts) across builds and fresh clones: `$TQ_CACHE_DIR`, else `$XDG_CACHE_HOME/turboquant`, else
-//! `~/.cache/turboquant`. One definition for the root package's build script (a
+//! environment of the GGUF scripts) across builds and fresh clones: `$TQ_CACHE_DIR`, else
+//! `$XDG_CACHE_HOME/turboquant`, else `~/.cache/turboquant`. One definition for the root package's build script (a
 //! build-dependency: it materialises llama.cpp there), its library (re-exported as
 //! `turboquant::cache_dir`), `tq` and the tests.
 
@@ -30,7 +30,6 @@ pub const GGUF_PY_PKGS: &[&str] = &["numpy==2.2.6", "pyyaml==6.0.2"];
 /// Made under a name of this process and renamed into place once pip is done, so processes
 /// that make it at once (parallel tests, two `tq fetch`) never use or clobber a half-made one.
 pub fn python_venv(tag: &str, pkgs: &[&str]) -> Result<PathBuf, String> {
-    use std::process::Command;
     let root = cache_dir().join("venv");
     let dir = root.join(tag);
     let py = dir.join("bin/python");
@@ -39,27 +38,15 @@ pub fn python_venv(tag: &str, pkgs: &[&str]) -> Result<PathBuf, String> {
     }
     let tmp = root.join(format!(".{tag}.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    let run = |cmd: &mut Command, what: &str| -> Result<(), String> {
-        let o = cmd
-            .output()
-            .map_err(|e| format!("{what}: cannot run {:?}: {e}", cmd.get_program()))?;
-        if o.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{what} failed ({}):\n{}",
-                o.status,
-                String::from_utf8_lossy(&o.stderr)
-            ))
-        }
-    };
-    let made = run(
-        Command::new("python3").args(["-m", "venv"]).arg(&tmp),
+    let made = run_tool(
+        std::process::Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&tmp),
         "python3 -m venv (Debian: apt-get install python3-venv)",
     )
     .and_then(|_| {
-        run(
-            Command::new(tmp.join("bin/python"))
+        run_tool(
+            std::process::Command::new(tmp.join("bin/python"))
                 .args([
                     "-m",
                     "pip",
@@ -89,5 +76,22 @@ pub fn python_venv(tag: &str, pkgs: &[&str]) -> Result<PathBuf, String> {
         Ok(py)
     } else {
         Err(format!("{} is not a finished virtualenv", dir.display()))
+    }
+}
+
+/// Runs `cmd` to the end; an error names `what` and carries its stderr. For the downloads and
+/// scripts that fill the cache (python_venv here, `tq fetch`).
+pub fn run_tool(cmd: &mut std::process::Command, what: &str) -> Result<(), String> {
+    let o = cmd
+        .output()
+        .map_err(|e| format!("{what}: cannot run {:?}: {e}", cmd.get_program()))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} failed ({}):\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        ))
     }
 }

@@ -516,6 +516,25 @@ pub fn mean_kl(rows: &[SimLayer], n_variants: usize) -> Vec<f64> {
 
 #[cfg(test)]
 mod tests {
+    /// KBAL_MAX mirrors the C define the llama graph clamps with; they must agree.
+    #[test]
+    fn kbal_max_is_the_llama_graph_define() {
+        let h = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../ggml-ext/llama/tq-kmean.h"),
+        )
+        .unwrap();
+        let v: f64 = h
+            .lines()
+            .find_map(|l| l.strip_prefix("#define TQ_KBAL_MAX "))
+            .expect("TQ_KBAL_MAX in tq-kmean.h")
+            .trim()
+            .trim_end_matches('f')
+            .parse()
+            .unwrap();
+        assert_eq!(v, KBAL_MAX);
+    }
+
     use super::*;
 
     #[test]

@@ -83,19 +83,7 @@ pub const DERIVED: &[DerivedModel] = &[DerivedModel {
 
 pub use crate::cache_dir::cache_dir;
 
-fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let out = cmd
-        .output()
-        .map_err(|e| format!("{what}: cannot run {:?}: {e}", cmd.get_program()))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
+use crate::cache_dir::run_tool as run;
 
 /// A model given by path, or by one of the KNOWN names (fetched on first use).
 pub fn resolve(spec: Option<&str>) -> Result<PathBuf, String> {
