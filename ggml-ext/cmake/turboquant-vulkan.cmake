@@ -40,6 +40,9 @@ foreach(_tq_k 3 2)
         "fa_terms_${_t}|tq_fa_terms.comp|TQ_TCQ_K=${_tq_k}")
 endforeach()
 
+# the fused K side of the K mean in RoPE's frame (any cache type)
+list(APPEND _tq_vk_variants "rf_keep|tq_rf_keep.comp|TQ_RF_KEEP=1")
+
 set(_tq_vk_spvs "")
 set(_tq_vk_names "")
 foreach(_v ${_tq_vk_variants})

@@ -15,6 +15,10 @@ foreach(tq_dir abi ggml ggml-cpu llama tools)
     target_include_directories(ggml-base PUBLIC "${TQ_EXT_DIR}/${tq_dir}")
 endforeach()
 
+# The fused K side's function (ggml/tq-rf-keep.h): one definition, in ggml-base, whose address
+# tells every backend the node is ours.
+target_sources(ggml-base PRIVATE "${TQ_EXT_DIR}/ggml/tq-rf-keep.cpp")
+
 if (TQ_RUST_LIB)
     if (NOT EXISTS "${TQ_RUST_LIB}")
         message(FATAL_ERROR "turboquant: TQ_RUST_LIB=${TQ_RUST_LIB} does not exist (cargo build --release --no-default-features)")

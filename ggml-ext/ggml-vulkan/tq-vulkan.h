@@ -18,6 +18,9 @@
  *                RoPE's frame and the exact first keys) over a turbo K: shaders/tq_fa_terms.comp
  *                turns them and the op's mask into a mask per head, in a scratch buffer of the
  *                context, and upstream's flash attention runs with that mask (tq_vk_flash_attn).
+ *   (any type)   the fused K side of the K mean in RoPE's frame (ggml-ext/ggml/tq-rf-keep.h), the
+ *                GGML_OP_CUSTOM whose function is tq_rf_keep_op: shaders/tq_rf_keep.comp
+ *                (tq_vk_rf_keep); every other custom op stays upstream's to refuse.
  *   refused      MUL_MAT with a turbo B or an f16 B, MUL_MAT_ID, and flash attention with the
  *                terms under a soft-cap or ALiBi (they would scale a term that belongs before
  *                them) or in a layout the shader does not read (tq_vk_fa_terms_ok); llama then
@@ -34,13 +37,15 @@
  * ggml_vk_flash_attn, tq_vk_cleanup in ggml_vk_cleanup, tq_vk_load_shaders at the end of
  * ggml_vk_load_shaders, TQ_VK_TYPE_CASES in supports_op's list of flash attention K/V types and in the two CPY
  * pipeline switches of ggml_vk_get_cpy_pipeline, tq_vk_fa_path where get_fa_tuning_params picks
- * the shader family, and tq_vk_fa_small_batch after ggml_vk_flash_attn's tuning.
+ * the shader family, tq_vk_fa_small_batch after ggml_vk_flash_attn's tuning, and tq_vk_rf_keep
+ * as ggml_vk_build_graph's case for GGML_OP_CUSTOM.
  */
 #ifndef TQ_VULKAN_H
 #define TQ_VULKAN_H
 
 #include "tq-ggml.h"
 #include "tq-fa-contract.h"
+#include "tq-rf-keep.h"
 #include "tq-vulkan-shaders.h"
 #include "shaders/tq_fa_terms.h"
 
@@ -89,7 +94,12 @@ static bool tq_vk_fa_terms_ok(const struct ggml_tensor * op) {
 
 /* -1: no turbo type in `op`, upstream decides. 0/1: refused/accepted here, or (flash attention)
  * 1 only after upstream's own checks, which TQ_VK_TYPE_CASES lets through for turbo K/V. */
+static bool tq_vk_rf_keep_ok(const vk_device & device, const struct ggml_tensor * op);
+
 static int tq_vk_supports_op(const vk_device & device, const struct ggml_tensor * op) {
+    if (tq_rf_keep_is(op)) {
+        return tq_vk_rf_keep_ok(device, op) ? 1 : 0;
+    }
     bool turbo = TQ_GGML_IS_TURBO(op->type);
     for (int i = 0; i < GGML_MAX_SRC; ++i) {
         turbo = turbo || (op->src[i] && TQ_GGML_IS_TURBO(op->src[i]->type));
@@ -199,6 +209,7 @@ static inline bool tq_vk_fa_small_batch(const vk_device & device, vk_fa_tuning_p
 struct tq_vk_pipelines {
     vk_pipeline cpy_f16[GGML_TYPE_COUNT];
     vk_pipeline fa_terms[GGML_TYPE_COUNT]; /* tq_fa_terms.comp, by K's type */
+    vk_pipeline rf_keep;                   /* tq_rf_keep.comp */
 };
 
 /* tq_fa_terms.comp's push constants, in its order. */
@@ -212,6 +223,18 @@ struct tq_vk_fa_terms_pc {
     float scale;
 };
 static_assert(sizeof(tq_vk_fa_terms_pc) <= 128, "Vulkan guarantees 128 bytes of push constants");
+
+/* tq_rf_keep.comp's push constants, in its order (offsets and strides in floats). */
+struct tq_vk_rf_keep_pc {
+    uint32_t hd, nkv, nt, nq, per;
+    uint32_t q_off, q_nb1, q_nb2;
+    uint32_t k_off, k_nb1, k_nb2;
+    uint32_t m_off, m_nb1;
+    uint32_t t_off, t_nb1;
+    uint32_t d_off;
+    uint32_t flags;
+};
+static_assert(sizeof(tq_vk_rf_keep_pc) <= 128, "Vulkan guarantees 128 bytes of push constants");
 
 static tq_vk_pipelines & tq_vk_device_pipelines(const vk_device & device) {
     static std::mutex mutex;
@@ -251,6 +274,9 @@ static void tq_vk_load_shaders(vk_device & device, const Create & create) {
     TQ_VK_TYPE(turbo4, TURBO4)
     TQ_VK_TYPE(turbo3_tcq, TURBO3_TCQ) /* tq_tcq_encode.comp: same dispatch shape, 32 blocks a group */
     TQ_VK_TYPE(turbo2_tcq, TURBO2_TCQ)
+    /* one workgroup of 64 per (KV head, token): the dispatch counts groups */
+    create(device, tq_vk_device_pipelines(device).rf_keep, "tq_rf_keep", TQ_VK_SPV(rf_keep), "main", 5,
+           sizeof(tq_vk_rf_keep_pc), {1, 1, 1}, {}, 1);
 #undef TQ_VK_TYPE
 #undef TQ_VK_SPV
 }
@@ -464,6 +490,64 @@ static bool tq_vk_flash_attn(ggml_backend_vk_context * ctx, vk_context & subctx,
     shape.ne[3] = ns;
     tq_vk_borrowed_tensor m(ctx, out, &shape, GGML_TYPE_F16, "tq_fa_terms_mask");
     ggml_vk_flash_attn(ctx, subctx, q, k, dst->src[2], &m.t, dst->src[4], dst);
+    return true;
+}
+
+/* Whether tq_rf_keep.comp runs `op` (tq_rf_keep_is): its layout (tq_rf_keep_valid), one
+ * workgroup per (KV head, token) within the device's grid, and every source's and the output's
+ * extent addressable by the shader's 32-bit float offsets within one binding. */
+static bool tq_vk_rf_keep_ok(const vk_device & device, const struct ggml_tensor * op) {
+    if (!tq_rf_keep_valid(op)) {
+        return false;
+    }
+    const uint64_t range = device->properties.limits.maxStorageBufferRange;
+    const ggml_tensor * all[5] = { op->src[0], op->src[1], op->src[2], op->src[3], op };
+    for (const ggml_tensor * t : all) {
+        if (t && (ggml_nbytes(t) + device->properties.limits.minStorageBufferOffsetAlignment > range ||
+                  t->nb[1] % sizeof(float) != 0 || t->nb[2] % sizeof(float) != 0)) {
+            return false;
+        }
+    }
+    const struct ggml_tensor * k = op->src[1];
+    return (uint64_t) k->ne[1] <= device->properties.limits.maxComputeWorkGroupCount[0] &&
+           (uint64_t) k->ne[2] <= device->properties.limits.maxComputeWorkGroupCount[1];
+}
+
+/* The fused K side (tq-rf-keep.h) by shaders/tq_rf_keep.comp: ggml_vk_build_graph's case for
+ * GGML_OP_CUSTOM (one patch line); false: not ours (upstream then has no kernel for it). */
+static bool tq_vk_rf_keep(ggml_backend_vk_context * ctx, vk_context & subctx, ggml_tensor * dst) {
+    if (!tq_rf_keep_is(dst)) {
+        return false;
+    }
+    GGML_ASSERT(tq_vk_rf_keep_ok(ctx->device, dst) && "tq_rf_keep: supports_op accepted a layout tq_rf_keep.comp does not read");
+    const ggml_tensor * q = dst->src[0], * k = dst->src[1], * cols = dst->src[2], * T = dst->src[3];
+    vk_pipeline pipeline = tq_vk_device_pipelines(ctx->device).rf_keep;
+    GGML_ASSERT(pipeline != nullptr);
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    const size_t f = sizeof(float);
+    vk_subbuffer q_buf = ggml_vk_tensor_subbuffer(ctx, q, true), k_buf = ggml_vk_tensor_subbuffer(ctx, k, true);
+    vk_subbuffer m_buf = ggml_vk_tensor_subbuffer(ctx, cols, true), d_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    vk_subbuffer t_buf = T ? ggml_vk_tensor_subbuffer(ctx, T, true) : m_buf;
+    tq_vk_rf_keep_pc pc = {};
+    pc.hd = (uint32_t) k->ne[0];
+    pc.nkv = (uint32_t) k->ne[1];
+    pc.nt = (uint32_t) k->ne[2];
+    pc.nq = (uint32_t) q->ne[1];
+    pc.per = (uint32_t) (k->ne[2] / cols->ne[1]);
+    pc.q_off = (uint32_t) (get_misalign_bytes(ctx, q) / f);
+    pc.q_nb1 = (uint32_t) (q->nb[1] / f);
+    pc.q_nb2 = (uint32_t) (q->nb[2] / f);
+    pc.k_off = (uint32_t) (get_misalign_bytes(ctx, k) / f);
+    pc.k_nb1 = (uint32_t) (k->nb[1] / f);
+    pc.k_nb2 = (uint32_t) (k->nb[2] / f);
+    pc.m_off = (uint32_t) (get_misalign_bytes(ctx, cols) / f);
+    pc.m_nb1 = (uint32_t) (cols->nb[1] / f);
+    pc.t_off = T ? (uint32_t) (get_misalign_bytes(ctx, T) / f) : 0xffffffffu;
+    pc.t_nb1 = T ? (uint32_t) (T->nb[1] / f) : 0;
+    pc.d_off = (uint32_t) (get_misalign_bytes(ctx, dst) / f);
+    pc.flags = (uint32_t) tq_rf_keep_flags(dst);
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { q_buf, k_buf, m_buf, t_buf, d_buf }, pc,
+                              { (uint32_t) k->ne[1], (uint32_t) k->ne[2], 1 });
     return true;
 }
 

@@ -43,6 +43,7 @@
 
 #include "ggml.h"
 #include "tq-fa-contract.h"
+#include "tq-rf-keep.h"
 #include "tq-sink.h"
 
 /* k_mean tensors of a cache that keeps the mean in RoPE's frame carry this mark in the last
@@ -56,47 +57,8 @@ static inline bool tq_kmean_rope_is(const ggml_tensor * k_mean) {
     return k_mean && k_mean->op == GGML_OP_NONE && k_mean->op_params[TQ_KMEAN_ROPE_SLOT] == TQ_KMEAN_ROPE_MAGIC;
 }
 
-/* Which channels of a head make RoPE pair i, as llama's rope (ggml_rope_ext with n_dims =
-   n_rot) turns them: NORM pairs (2i, 2i+1), NEOX (i, i + n_rot/2), for i < n_rot/2. With
-   partial RoPE (n_rot < hd: StableLM, Phi, GLM) the channels past n_rot are not turned; they
-   are paired here too, as pairs of angular frequency 0: the host's table holds cos 1, sin 0
-   for them, R_p is the identity there, so what a key stores is k - mu on them (a plain,
-   position-independent mean) and the term adds q.mu back, the same machinery as the roped
-   pairs. NORM pairs them (2i, 2i+1) like the rest (the layout is the full head's), NEOX as
-   the halves of the rest: (n_rot + j, n_rot + j + (hd - n_rot)/2). n_rot 0 (or hd): the
-   whole head is roped, the layout of every full-RoPE model. */
-struct tq_rf_pairs {
-    bool neox;
-    int64_t n_rot;
-};
-
-/* The roped channels of a head of hd under pr: hd where the whole head is roped. */
-static inline int64_t tq_rf_nrot(tq_rf_pairs pr, int64_t hd) {
-    return pr.n_rot > 0 && pr.n_rot < hd ? pr.n_rot : hd;
-}
-
-/* Whether pr pairs the head like a full-RoPE one (the layouts tq_rf_half's views give). */
-static inline bool tq_rf_plain(tq_rf_pairs pr, int64_t hd) {
-    return !pr.neox || tq_rf_nrot(pr, hd) == hd;
-}
-
-/* Pairs as a custom op's userdata bits (bit 0 neox, bits 8.. n_rot; bit 1 is the caller's). */
-static inline uintptr_t tq_rf_pairs_bits(tq_rf_pairs pr, int64_t hd) {
-    return (pr.neox ? 1u : 0u) | ((uintptr_t) (tq_rf_plain(pr, hd) ? 0 : pr.n_rot) << 8);
-}
-static inline tq_rf_pairs tq_rf_pairs_of(const void * userdata) {
-    const uintptr_t b = (uintptr_t) userdata;
-    return { (b & 1) != 0, (int64_t) (b >> 8) };
-}
-
-/* Pair i of channel-frame row x (hd floats): channels a and b. */
-static inline int64_t tq_rf_ch(tq_rf_pairs pr, int64_t hd, int64_t i, int ab) {
-    if (!pr.neox) {
-        return 2 * i + ab;
-    }
-    const int64_t r = tq_rf_nrot(pr, hd);
-    return i < r / 2 ? i + ab * (r / 2) : r + (i - r / 2) + ab * ((hd - r) / 2);
-}
+/* The pairs (tq_rf_pairs, tq_rf_ch) and the row helpers are the fused node's
+   (ggml-ext/ggml/tq-rf-keep.h), which every backend that runs it reads. */
 
 /* Channel a (which = 0) or b (1) of every RoPE pair of x [hd, n1, n2] as a contiguous
    [hd/2, n1, n2]: the halves for neox, the even/odd channels otherwise; for neox with partial
@@ -208,28 +170,8 @@ static inline ggml_tensor * tq_rf_rope_mean(ggml_context * ctx, ggml_tensor * mu
    fifteen graph nodes per layer, and on a CPU decode step every node costs a thread barrier.
    Rows are split across threads. On a device that takes the terms lowered
    (tq_kmean_rope_masked) the chains run instead (tq_rf_rotate_mean_ops, tq_rf_coeffs_ops):
-   there a host op would split the graph. */
-/* o = R_p m for one row (hd floats; t: the position's table column). */
-static inline void tq_rf_rotate_row(tq_rf_pairs pr, int64_t hd, const float * t, const float * m, float * o) {
-    const int64_t half = hd / 2;
-    for (int64_t i = 0; i < half; ++i) {
-        const int64_t ca = tq_rf_ch(pr, hd, i, 0), cb = tq_rf_ch(pr, hd, i, 1);
-        const float c = t[i], sn = t[half + i];
-        o[ca] = c * m[ca] - sn * m[cb];
-        o[cb] = sn * m[ca] + c * m[cb];
-    }
-}
-
-/* o = [alpha; beta] of one query row x against the mean m (hd floats each). */
-static inline void tq_rf_coeffs_row(tq_rf_pairs pr, int64_t hd, const float * x, const float * m, float * o) {
-    const int64_t half = hd / 2;
-    for (int64_t i = 0; i < half; ++i) {
-        const int64_t ca = tq_rf_ch(pr, hd, i, 0), cb = tq_rf_ch(pr, hd, i, 1);
-        o[i] = x[ca] * m[ca] + x[cb] * m[cb];        // alpha_i
-        o[half + i] = x[cb] * m[ca] - x[ca] * m[cb]; // beta_i
-    }
-}
-
+   there a host op would split the graph; a device that runs tq_rf_keep's node itself
+   (Vulkan: tq_kmean_rope_dev_keep) takes that node for a ubatch's K side all the same. */
 static inline void tq_rf_rotate_mean_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const tq_rf_pairs pr = tq_rf_pairs_of(userdata);
     const ggml_tensor * mu = dst->src[0], * T = dst->src[1];
@@ -343,56 +285,20 @@ static inline ggml_tensor * tq_rf_unrope_mean(ggml_context * ctx, ggml_tensor * 
     return tq_rf_join(ctx, ma, mb, pr);
 }
 
-/* A KEEP ubatch's whole K side in one op: from q [hd, nq, nt] and k [hd, nkv, nt] (roped,
-   channel frame), the means [mu' | s - 1] (tq-kmean.h's layout; s - 1 only with balancing)
-   as columns [F, nb], token t taking column t / (nt / nb) (the ubatch's streams, in blocks),
-   and the ubatch's table T [hd, nt], one f32 buffer holding, each contiguous,
-   k' = s k - R_p mu' [hd, nkv, nt], then q' = q / s [hd, nq, nt], then the coefficients
-   A of q' against mu' [hd, nq, nt] (tq_rf_coeffs_row's). As separate nodes these were six
-   per layer (s, q / s, s k, A, R_p mu', the subtraction), each a thread barrier on a
-   decode step; the arithmetic per value is theirs (the same row helpers). Work is split by
-   (token, KV head); heads up to TQ_RF_HD_MAX. */
-#define TQ_RF_HD_MAX 512
-static inline void tq_rf_keep_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    const tq_rf_pairs pr = tq_rf_pairs_of(userdata);
-    const bool bal = ((uintptr_t) userdata & 2) != 0;
-    const ggml_tensor * q = dst->src[0], * k = dst->src[1], * km = dst->src[2], * T = dst->src[3];
-    const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1], g = nq / nkv, per = nt / km->ne[1];
-    float * kd = (float *) dst->data, * qd = kd + hd * nkv * nt, * ad = qd + hd * nq * nt;
-    for (int64_t r = ith; r < nkv * nt; r += nth) {
-        const int64_t h = r % nkv, t = r / nkv;
-        const float * mu = (const float *) ((const char *) km->data + (t / per) * km->nb[1]);
-        const float * m = mu + h * hd, * d = bal ? mu + hd * nkv + h * hd : nullptr;
-        const float * tc = (const float *) ((const char *) T->data + t * T->nb[1]);
-        const float * kx = (const float *) ((const char *) k->data + h * k->nb[1] + t * k->nb[2]);
-        float * ko = kd + (t * nkv + h) * hd;
-        float rm[TQ_RF_HD_MAX];
-        tq_rf_rotate_row(pr, hd, tc, m, rm);
-        for (int64_t c = 0; c < hd; ++c) ko[c] = (d ? kx[c] * (1.0f + d[c]) : kx[c]) - rm[c];
-        for (int64_t j = h * g; j < (h + 1) * g; ++j) {
-            const float * qx = (const float *) ((const char *) q->data + j * q->nb[1] + t * q->nb[2]);
-            float * qo = qd + (t * nq + j) * hd, * ao = ad + (t * nq + j) * hd;
-            for (int64_t c = 0; c < hd; ++c) qo[c] = d ? qx[c] / (1.0f + d[c]) : qx[c];
-            tq_rf_coeffs_row(pr, hd, qo, m, ao);
-        }
-    }
-}
-
-/* tq_rf_keep_op as a node: returns k', sets *q_cur to q' and *coeffs to A (views of one
-   output, each contiguous). */
+/* A KEEP ubatch's whole K side as one node (ggml-ext/ggml/tq-rf-keep.h): from q [hd, nq, nt]
+   and k [hd, nkv, nt] (channel frame), the means [mu' | s - 1] (tq-kmean.h's layout; s - 1
+   only with balancing) as columns [F, nb], token t taking column t / (nt / nb) (the ubatch's
+   streams, in blocks), and the ubatch's table T [hd, nt]: returns k' = s k - R_p mu' (k
+   roped), or with no T k' = s k - mu' (k before its rope, which the caller applies), sets
+   *q_cur to q' = q / s and *coeffs to the coefficients A of q' against mu' (views of one
+   output, each contiguous). As separate nodes these were six a layer on the CPU (s, q / s,
+   s k, A, R_p mu', the subtraction) and about ten from plain ops on a device, each a thread
+   barrier or a dispatch on a decode step. */
 static inline ggml_tensor * tq_rf_keep(ggml_context * ctx, ggml_tensor ** q_cur, ggml_tensor * k, ggml_tensor * k_mean,
                                        ggml_tensor * T, bool bal, tq_rf_pairs pr, ggml_tensor ** coeffs) {
     ggml_tensor * q = *q_cur;
     const int64_t hd = k->ne[0], nkv = k->ne[1], nt = k->ne[2], nq = q->ne[1];
-    GGML_ASSERT(q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F32 && k_mean->type == GGML_TYPE_F32 &&
-                T->type == GGML_TYPE_F32 && q->ne[0] == hd && q->ne[2] == nt && nq % nkv == 0 && hd % 2 == 0 &&
-                T->ne[0] == hd && T->ne[1] == nt && hd <= TQ_RF_HD_MAX && q->nb[0] == sizeof(float) && k->nb[0] == sizeof(float) &&
-                T->nb[0] == sizeof(float) && ggml_is_contiguous(k_mean) && q->ne[3] == 1 && k->ne[3] == 1 &&
-                k_mean->ne[0] == (bal ? 2 : 1) * hd * nkv && nt % k_mean->ne[1] == 0 && k_mean->ne[2] == 1);
-    ggml_tensor * args[4] = { q, k, k_mean, T };
-    const uintptr_t flags = tq_rf_pairs_bits(pr, hd) | (bal ? 2u : 0u);
-    ggml_tensor * out = ggml_custom_4d(ctx, GGML_TYPE_F32, hd * (nkv + 2 * nq) * nt, 1, 1, 1, args, 4, tq_rf_keep_op,
-                                       GGML_N_TASKS_MAX, (void *) flags);
+    ggml_tensor * out = tq_rf_keep_node(ctx, q, k, k_mean, T, tq_rf_pairs_bits(pr, hd) | (bal ? TQ_RF_KEEP_BAL : 0u));
     const size_t f = sizeof(float);
     *q_cur = ggml_view_3d(ctx, out, hd, nq, nt, hd * f, hd * nq * f, (size_t) hd * nkv * nt * f);
     *coeffs = ggml_view_3d(ctx, out, hd, nq, nt, hd * f, hd * nq * f, (size_t) hd * (nkv + nq) * nt * f);

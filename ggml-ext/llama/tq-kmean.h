@@ -318,12 +318,21 @@ static inline ggml_tensor * tq_kmean_rf_stats(ggml_context * ctx, ggml_tensor * 
 /* In RoPE's frame, what every ubatch does with the means it runs on, cols [F, nb] (the stored
    layout, one column per block of the tokens): k [hd, nkv, nt] -> s * k - R_p mu' (returned),
    *q_cur -> q / s, *coeffs the per-key term's coefficients A of q / s against mu'. On the CPU
-   (host_ops) one fused op (tq_rf_keep); elsewhere ops every backend has, per block by
-   broadcasting, with R_p mu' by k's own rope where rope (tq_rf_rope_of) is given. */
+   (host_ops) one fused node (tq_rf_keep); on a device that runs that node (dev_keep) the same,
+   before k's own rope where rope (tq_rf_rope_of) is given (R_p (s k~ - mu') = s k - R_p mu');
+   elsewhere ops every backend has, per block by broadcasting, with R_p mu' by k's own rope
+   where rope is given. */
 static inline ggml_tensor * tq_kmean_rf_use(ggml_context * ctx, ggml_tensor ** q_cur, ggml_tensor * k, ggml_tensor * cols,
                                             ggml_tensor * tab, bool bal, tq_rf_pairs pr, bool host_ops, ggml_tensor ** coeffs,
-                                            const ggml_tensor * rope = nullptr) {
+                                            const ggml_tensor * rope = nullptr, bool dev_keep = false) {
     if (host_ops) {
+        return tq_rf_keep(ctx, q_cur, k, cols, tab, bal, pr, coeffs);
+    }
+    if (dev_keep && rope && tq_rf_keep_layout_ok(*q_cur, rope->src[0], cols, nullptr, bal)) {
+        ggml_tensor * x = tq_rf_keep(ctx, q_cur, rope->src[0], cols, nullptr, bal, pr, coeffs);
+        return tq_rf_rope_apply(ctx, x, rope->src[1], rope, rope->op_params[2]);
+    }
+    if (dev_keep && !rope && tq_rf_keep_layout_ok(*q_cur, k, cols, tab, bal)) {
         return tq_rf_keep(ctx, q_cur, k, cols, tab, bal, pr, coeffs);
     }
     ggml_tensor * q = ggml_is_contiguous(*q_cur) ? *q_cur : ggml_cont(ctx, *q_cur);
@@ -378,12 +387,13 @@ static inline ggml_tensor * tq_kmean_rf_use(ggml_context * ctx, ggml_tensor ** q
    go back to k_mean (set_rows on streams), and kind TQ_KMEAN_SET computes the statistics.
    streams, sel: i32 [nb + 1] (the last of streams is n_stream, the shared column's row).
    Returns k' as tq_kmean_rf_use, and the columns the ubatch's blocks run on in *cols. rope
-   (without host ops only): k's rope node (tq_rf_rope_of), which then turns the mean. */
+   (without host ops only): k's rope node (tq_rf_rope_of), which then turns the mean; dev_keep:
+   the layer's device runs tq_rf_keep's node (tq_kmean_rope_dev_keep). */
 static inline ggml_tensor * tq_kmean_rf_streams(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor ** q_cur, ggml_tensor * k,
                                                 ggml_tensor * k_mean, int kind, ggml_tensor * streams, ggml_tensor * sel,
                                                 ggml_tensor * tab, ggml_tensor * stat_w, float kq_scale, tq_rf_pairs pr,
                                                 bool host_ops, ggml_tensor ** coeffs, ggml_tensor ** cols,
-                                                const ggml_tensor * rope = nullptr) {
+                                                const ggml_tensor * rope = nullptr, bool dev_keep = false) {
     const int64_t hd = k->ne[0], nkv = k->ne[1], nb = streams->ne[0] - 1, F = k_mean->ne[0];
     const bool bal = F == tq_kmean_floats(hd, nkv, true);
     GGML_ASSERT(bal || F == tq_kmean_floats(hd, nkv, false));
@@ -409,7 +419,7 @@ static inline ggml_tensor * tq_kmean_rf_streams(ggml_context * ctx, ggml_cgraph 
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, k_mean, use, streams));
     }
     *cols = ggml_view_2d(ctx, use, F, nb, use->nb[1], 0);
-    return tq_kmean_rf_use(ctx, q_cur, k, *cols, tab, bal, pr, host_ops, coeffs, rope);
+    return tq_kmean_rf_use(ctx, q_cur, k, *cols, tab, bal, pr, host_ops, coeffs, rope, dev_keep);
 }
 
 /* Before the cache's rotation: k_cur [hd, n_head_kv, n_tokens] (roped) -> s * k - m and

@@ -254,7 +254,8 @@ static ggml_tensor * tq_kmean_graph(ggml_context * ctx, ggml_cgraph * gf, llm_gr
             in->stat_skip_first = kv->tq_sink_reads();
         }
         return tq_kmean_rf_streams(ctx, gf, q_cur, k_cur, k_mean, mode, in->streams, in->sel, tab, in->stat_w, kq_scale, pr,
-                                   host_ops, &in->coeffs[il], &in->cols[il], in->ropes[il]);
+                                   host_ops, &in->coeffs[il], &in->cols[il], in->ropes[il],
+                                   !host_ops && kv->tq_kmean_rope_dev_keep(il));
     }
     if (mode == TQ_KMEAN_SET) {
         if (!in->map) {

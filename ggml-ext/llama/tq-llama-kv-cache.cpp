@@ -327,13 +327,34 @@ extern "C" int32_t tq_llama_rope_freqs(const llama_model * model, int32_t il, ui
 // both: the question is whether the device implements the contract, on which the mean in
 // RoPE's frame depends for its decode steps.
 enum { TQ_RF_NONE = 0, TQ_RF_NATIVE = 1, TQ_RF_MASKED = 2, TQ_RF_DEVICE = 3 };
-static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t hd, int64_t n_head,
-                          int64_t n_head_kv, float max_bias, float softcap, bool lowered, std::string & dev_name) {
+// The device that holds a layer's K cache (the CPU's where its buffer names none).
+static ggml_backend_dev_t tq_cache_dev(const ggml_tensor * k_cache) {
     ggml_backend_buffer_type_t buft = k_cache->buffer ? ggml_backend_buffer_get_type(k_cache->buffer) : nullptr;
     ggml_backend_dev_t dev = buft ? ggml_backend_buft_get_device(buft) : nullptr;
-    if (!dev) {
-        dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    }
+    return dev ? dev : ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+}
+
+// Whether the device of k_cache runs tq_rf_keep's node (tq-rf-keep.h) for a layer of this
+// shape: q of n_head heads, k of n_head_kv, the stored means' column of f floats, as a decode
+// step and before k's rope (no table) builds it.
+static bool tq_rf_keep_on(const ggml_tensor * k_cache, int64_t hd, int64_t n_head, int64_t n_head_kv, int64_t f) {
+    ggml_backend_dev_t dev = tq_cache_dev(k_cache);
+    ggml_init_params params = { 8 * ggml_tensor_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(params);
+    ggml_tensor * q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hd, n_head, 1);
+    ggml_tensor * k = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hd, n_head_kv, 1);
+    ggml_tensor * cols = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, f, 1);
+    ggml_tensor * A = nullptr;
+    const bool bal = f == tq_kmean_floats(hd, n_head_kv, true);
+    const bool ok = dev && tq_rf_keep_layout_ok(q, k, cols, nullptr, bal) &&
+                    ggml_backend_dev_supports_op(dev, tq_rf_keep(ctx, &q, k, cols, nullptr, bal, { true, 0 }, &A)->view_src);
+    ggml_free(ctx);
+    return ok;
+}
+
+static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t hd, int64_t n_head,
+                          int64_t n_head_kv, float max_bias, float softcap, bool lowered, std::string & dev_name) {
+    ggml_backend_dev_t dev = tq_cache_dev(k_cache);
     dev_name = dev ? ggml_backend_dev_name(dev) : "none";
     const bool turbo = TQ_GGML_IS_TURBO(k_cache->type) && TQ_GGML_IS_TURBO(v_cache->type);
     const ggml_type kt = turbo ? k_cache->type : GGML_TYPE_TURBO4, vt = turbo ? v_cache->type : GGML_TYPE_TURBO4;
@@ -391,6 +412,9 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
     tq_rf_layer_set.assign(hparams.n_layer_all, -1);
     tq_rf_layer_masked.assign(hparams.n_layer_all, 0);
     tq_rf_layer_dev_terms.assign(hparams.n_layer_all, 0);
+    tq_rf_layer_dev_keep.assign(hparams.n_layer_all, 0);
+    int n_dev_keep = 0;
+    std::string dev_keep_dev;
     for (const auto & layer : layers) {
         if (why || !layer.k_mean) {
             continue;
@@ -431,6 +455,12 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
         tq_rf_layer_set[layer.il] = (int) set;
         tq_rf_layer_masked[layer.il] = how == TQ_RF_MASKED || how == TQ_RF_DEVICE;
         tq_rf_layer_dev_terms[layer.il] = how == TQ_RF_DEVICE;
+        if (tq_rf_layer_masked[layer.il] &&
+            tq_rf_keep_on(layer.k, hd, hparams.n_head(layer.il), hparams.n_head_kv(layer.il), layer.k_mean->ne[0])) {
+            tq_rf_layer_dev_keep[layer.il] = 1;
+            n_dev_keep++;
+            dev_keep_dev = ggml_backend_dev_name(tq_cache_dev(layer.k));
+        }
     }
     if (why) {
         tq_rf_sets.clear();
@@ -439,6 +469,7 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
         tq_rf_layer_set.assign(hparams.n_layer_all, -1);
         tq_rf_layer_masked.assign(hparams.n_layer_all, 0);
         tq_rf_layer_dev_terms.assign(hparams.n_layer_all, 0);
+        tq_rf_layer_dev_keep.assign(hparams.n_layer_all, 0);
         if (tq_kmean_exact_why) {
             // the fitted mean would not be exact here: no mean (nor balancing, which rides on it)
             tq_kmean_exact_off = true;
@@ -475,11 +506,20 @@ void llama_kv_cache::tq_kmean_rope_setup() const {
         LLAMA_LOG_INFO("%s: turbo K terms: %d layer(s) on %s take them in its flash attention (a decode's; the K side "
                        "and a prefill's keys from its own ops)\n", __func__, n_dev_terms, dev_terms_dev.c_str());
     }
+    if (n_dev_keep > 0) {
+        LLAMA_LOG_INFO("%s: turbo K side: %d layer(s) on %s run it as one node a layer (tq-rf-keep.h)\n", __func__,
+                       n_dev_keep, dev_keep_dev.c_str());
+    }
 }
 
 bool llama_kv_cache::tq_kmean_rope_dev_terms(int32_t il) const {
     tq_kmean_rope_setup();
     return il >= 0 && (size_t) il < tq_rf_layer_dev_terms.size() && tq_rf_layer_dev_terms[il] != 0;
+}
+
+bool llama_kv_cache::tq_kmean_rope_dev_keep(int32_t il) const {
+    tq_kmean_rope_setup();
+    return il >= 0 && (size_t) il < tq_rf_layer_dev_keep.size() && tq_rf_layer_dev_keep[il] != 0;
 }
 
 bool llama_kv_cache::tq_kmean_rope_masked(int32_t il) const {

@@ -967,7 +967,8 @@ extern "C" int tq_test_kmean_rope(char * err_buf, size_t cap) {
 // (2) the cells' table from the rope equals cos/sin of the same angles, (3) R_p mu' of the
 // cells equals the table chain's; all within ggml's f32 angles at positions up to 3844
 // (p w rounded to f32: about 1e-4 rad on the fastest pairs). (4) Exactness on one side: the
-// logits through the stored keys plus the mask built from the rope's table equal q.k.
+// logits through the stored keys plus the mask built from the rope's table equal q.k. (5) The
+// fused node before the rope (tq-rf-keep.h, a device's dev_keep) gives the ops' keys, q / s and A.
 extern "C" int tq_test_kmean_rope_node(char * err_buf, size_t cap) {
     Err err{ err_buf, cap };
     const int64_t hd = 64, half = hd / 2, nkv = 2, g = 3, nq = nkv * g, n = hd * nkv, nt = 24;
@@ -1013,6 +1014,12 @@ extern "C" int tq_test_kmean_rope_node(char * err_buf, size_t cap) {
         ggml_tensor * ka = tq_kmean_rf_use(c.ctx, &qa, kr, cols, tab, bal, pr, false, &Aa);
         ggml_tensor * kb = tq_kmean_rf_use(c.ctx, &qb, kr, cols, tab, bal, pr, false, &Ab, rope);
         if (kb->op != GGML_OP_ROPE || kb->src[1] != pt) return err.fail("neox %d bal %d: the stored keys are not the rope's", neox, bal);
+        // (5) the same through the fused node before the rope (a device that runs it: dev_keep)
+        ggml_tensor * qc = q, * Ac = nullptr;
+        ggml_tensor * kc = tq_kmean_rf_use(c.ctx, &qc, kr, cols, tab, bal, pr, false, &Ac, rope, true);
+        if (kc->op != GGML_OP_ROPE || !kc->src[0]->view_src || !tq_rf_keep_is(kc->src[0]->view_src) ||
+            qc->view_src != kc->src[0]->view_src || Ac->view_src != qc->view_src)
+            return err.fail("neox %d bal %d: dev_keep did not take the fused node before the rope", neox, bal);
         ggml_tensor * Tr = tq_rf_rope_table(c.ctx, e, pt, rope);
         ggml_tensor * mu = ggml_cont(c.ctx, ggml_view_3d(c.ctx, cols, hd, nkv, 1, hd * sizeof(float), cols->nb[1], 0));
         ggml_tensor * rma = tq_rf_rotate_mean_ops(c.ctx, mu, tab, pr), * rmb = tq_rf_rope_mean(c.ctx, mu, pt, rope);
@@ -1020,7 +1027,7 @@ extern "C" int tq_test_kmean_rope_node(char * err_buf, size_t cap) {
         memset(mask->data, 0, ggml_nbytes(mask));
         ggml_tensor * bias = tq_rf_mask(c.ctx, mask, Ab, Tr, 1.0f);
         ggml_cgraph * gf = ggml_new_graph(c.ctx);
-        for (ggml_tensor * t : { ka, kb, Tr, rma, rmb, bias, qb }) ggml_build_forward_expand(gf, t);
+        for (ggml_tensor * t : { ka, kb, Tr, rma, rmb, bias, qb, kc, qc, Ac }) ggml_build_forward_expand(gf, t);
         ggml_graph_compute_with_ctx(c.ctx, gf, 2);
         auto maxdiff = [](const ggml_tensor * a, const ggml_tensor * b, double * scale) {
             const std::vector<float> x = decode(a), y = decode(b);
@@ -1039,6 +1046,13 @@ extern "C" int tq_test_kmean_rope_node(char * err_buf, size_t cap) {
         if (dk > 3e-4 * sk || dt > 4e-4 || dm > 3e-4 * sm)
             return err.fail("neox %d bal %d: rope against table: keys %g (of %g), table %g, R_p mu %g (of %g)", neox, bal, dk, sk, dt,
                             dm, sm);
+        // (5) the fused node computes the ops' products in their order: the same values, up to
+        // one rounding where a compiler contracts a product and a sum (measured: 0)
+        double s5k, s5q, s5a;
+        const double d5k = maxdiff(kb, kc, &s5k), d5q = maxdiff(qb, qc, &s5q), d5a = maxdiff(Ab, Ac, &s5a);
+        if (d5k > 1e-6 * s5k || d5q > 1e-6 * s5q || d5a > 1e-6 * s5a)
+            return err.fail("neox %d bal %d: fused node against the ops: keys %g (of %g), q %g (of %g), A %g (of %g)", neox, bal, d5k,
+                            s5k, d5q, s5q, d5a, s5a);
         // (4) q.k through the stored keys and the rope table's mask, every query, key and head
         const float * ko = (const float *) kb->data, * qo = (const float *) qb->data, * bo = (const float *) bias->data;
         const std::vector<float> krv = decode(kr);
