@@ -68,8 +68,14 @@ def run(args, ctk, ctv, spec):
         t = r["timings"]
         return t["predicted_per_second"], t.get("draft_n_accepted", 0), t.get("draft_n", 0), r["content"]
     finally:
+        # llama-server's SIGTERM handler can deadlock on its own queue's mutex when the signal
+        # lands while the main loop holds it (seen once on this pin): kill it after a grace period
         srv.terminate()
-        srv.wait()
+        try:
+            srv.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
 
 
 def main():
