@@ -68,8 +68,8 @@ def run(args, ctk, ctv, spec):
         t = r["timings"]
         return t["predicted_per_second"], t.get("draft_n_accepted", 0), t.get("draft_n", 0), r["content"]
     finally:
-        # llama-server's SIGTERM handler can deadlock on its own queue's mutex when the signal
-        # lands while the main loop holds it (seen once on this pin): kill it after a grace period
+        # a server that does not stop (upstream's SIGTERM deadlock before
+        # 0006-fix-server-signal-deadlock.patch, or a hung device) is killed after a grace period
         srv.terminate()
         try:
             srv.wait(timeout=30)
