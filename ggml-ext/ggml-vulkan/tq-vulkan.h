@@ -92,10 +92,11 @@ static bool tq_vk_fa_terms_ok(const struct ggml_tensor * op) {
     return true;
 }
 
-/* -1: no turbo type in `op`, upstream decides. 0/1: refused/accepted here, or (flash attention)
- * 1 only after upstream's own checks, which TQ_VK_TYPE_CASES lets through for turbo K/V. */
 static bool tq_vk_rf_keep_ok(const vk_device & device, const struct ggml_tensor * op);
 
+/* -1: no turbo type in `op`, upstream decides. 0/1: refused/accepted here, or (flash attention)
+ * 1 only after upstream's own checks, which TQ_VK_TYPE_CASES lets through for turbo K/V; the
+ * fused K side's custom op (tq_rf_keep_is): 1 where tq_rf_keep.comp reads its layout. */
 static int tq_vk_supports_op(const vk_device & device, const struct ggml_tensor * op) {
     if (tq_rf_keep_is(op)) {
         return tq_vk_rf_keep_ok(device, op) ? 1 : 0;

@@ -325,15 +325,11 @@ static inline ggml_tensor * tq_kmean_rf_stats(ggml_context * ctx, ggml_tensor * 
 static inline ggml_tensor * tq_kmean_rf_use(ggml_context * ctx, ggml_tensor ** q_cur, ggml_tensor * k, ggml_tensor * cols,
                                             ggml_tensor * tab, bool bal, tq_rf_pairs pr, bool host_ops, ggml_tensor ** coeffs,
                                             const ggml_tensor * rope = nullptr, bool dev_keep = false) {
-    if (host_ops) {
-        return tq_rf_keep(ctx, q_cur, k, cols, tab, bal, pr, coeffs);
-    }
-    if (dev_keep && rope && tq_rf_keep_layout_ok(*q_cur, rope->src[0], cols, nullptr, bal)) {
-        ggml_tensor * x = tq_rf_keep(ctx, q_cur, rope->src[0], cols, nullptr, bal, pr, coeffs);
-        return tq_rf_rope_apply(ctx, x, rope->src[1], rope, rope->op_params[2]);
-    }
-    if (dev_keep && !rope && tq_rf_keep_layout_ok(*q_cur, k, cols, tab, bal)) {
-        return tq_rf_keep(ctx, q_cur, k, cols, tab, bal, pr, coeffs);
+    // the fused node: over the roped k and the table, or over the rope's input (then roped)
+    ggml_tensor * kin = rope ? rope->src[0] : k, * T = rope ? nullptr : tab;
+    if (host_ops || (dev_keep && tq_rf_keep_layout_ok(*q_cur, kin, cols, T, bal))) {
+        ggml_tensor * x = tq_rf_keep(ctx, q_cur, kin, cols, T, bal, pr, coeffs);
+        return rope ? tq_rf_rope_apply(ctx, x, rope->src[1], rope, rope->op_params[2]) : x;
     }
     ggml_tensor * q = ggml_is_contiguous(*q_cur) ? *q_cur : ggml_cont(ctx, *q_cur);
     k = ggml_is_contiguous(k) ? k : ggml_cont(ctx, k);
