@@ -14,7 +14,7 @@
 #     --host: the CUDA codec source, built for the CPU, must reproduce the Rust codec's
 #     bytes and decoded values bit for bit (the trellis types too: tq-parity-tcq.cuh). (On a
 #     GPU, scripts/gpu-check.sh runs it on the device too.) Then the trellis encoder's PTX
-#     must show no f32 FMA and no local memory.
+#     and the fused K side's kernel must show no f32 FMA and no local memory.
 # Linking all of ggml-cuda (~15 min on 2 cores) is left to `cargo build --features cuda`
 # and scripts/gpu-check.sh.
 set -euo pipefail
@@ -123,14 +123,15 @@ ccache "$root/bin/nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -Xcompiler -ff
 # path costs' bits - and no local memory (its per-lane arrays stay in registers).
 "$root/bin/nvcc" -std=c++17 -arch=sm_90 -O3 -use_fast_math -I ggml-ext/abi -I ggml-ext/ggml -I ggml-ext/ggml-cuda \
   -ptx ggml-ext/ggml-cuda/tq-parity.cu -o "$bdir/tq-parity.ptx"
-for k in 2 3; do
-  entry="_Z19tcq_quantize_kernelILi${k}EEvPKfPcl"
+# The same for the fused K side's kernel (tq-cuda-rf-keep.cuh), whose values must be the CPU's.
+for entry in _Z19tcq_quantize_kernelILi2EEvPKfPcl _Z19tcq_quantize_kernelILi3EEvPKfPcl \
+             _Z22tq_cuda_rf_keep_kernel15tq_rf_keep_args; do
   body=$(awk -v e="$entry" 'index($0, ".entry " e "(") {on = 1} on {print} on && /^}/ {exit}' "$bdir/tq-parity.ptx")
   [ -n "$body" ] || { echo "cuda-check: $entry not found in the parity PTX" >&2; exit 1; }
   if grep -E 'fma[.a-z]*\.f32|(ld|st)\.local' <<< "$body" >&2; then
-    echo "cuda-check: the trellis encoder (k = $k) has f32 FMA or local memory in its PTX (above)" >&2
+    echo "cuda-check: $entry has f32 FMA or local memory in its PTX (above)" >&2
     exit 1
   fi
 done
-echo "cuda-check: trellis encoder PTX: no f32 FMA, no local memory"
+echo "cuda-check: trellis encoder and fused K side PTX: no f32 FMA, no local memory"
 echo "cuda-check: done in $(( $(date +%s) - start )) s"

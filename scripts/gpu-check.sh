@@ -12,9 +12,10 @@
 #   2. tq-parity on the device: the CUDA codec against the Rust codec, bit for bit, including
 #      the f32 classification's double fallback on adversarial inputs;
 #   3. test-backend-ops -b CUDA0 on SET_ROWS, GET_ROWS, CPY, MUL_MAT, FLASH_ATTN_EXT, turbo
-#      cases only (CUDA against the CPU backend), then FLASH_ATTN_EXT again with the other
-#      decode kernel (TQ_CUDA_FA=gqa, the default, then vec); a turbo case the CUDA backend
-#      declines ("not supported") fails too, since supports_op claims them all;
+#      cases only, and CUSTOM, the fused K side's cases (tq_rf_keep=1), CUDA against the CPU
+#      backend; then FLASH_ATTN_EXT again with the other decode kernel (TQ_CUDA_FA=gqa, the
+#      default, then vec); a case the CUDA backend declines ("not supported") fails too,
+#      since supports_op claims them all;
 #   4. compute-sanitizer memcheck and synccheck on a few turbo FA cases (decode and prefill,
 #      symmetric and mixed pairs; memcheck with both decode kernels). Where the runtime refuses the sanitizer (gVisor:
 #      "Device not supported") this is logged as SKIP, not as a pass.
@@ -49,10 +50,10 @@ tq_detail "$tq_work/parity.txt" tq-parity
 # (TQ_CUDA_FA: gqa, the default, and vec, upstream's vector kernel with our hooks). The
 # kernel's one log line must name the one asked for, so a run never passes on the other.
 for fa in gqa vec; do
-  ops=SET_ROWS,GET_ROWS,CPY,MUL_MAT,FLASH_ATTN_EXT
-  [ "$fa" = vec ] && ops=FLASH_ATTN_EXT
+  ops=SET_ROWS,GET_ROWS,CPY,MUL_MAT,FLASH_ATTN_EXT,CUSTOM pat='turbo|tq_rf_keep=1'
+  [ "$fa" = vec ] && ops=FLASH_ATTN_EXT pat=turbo
   f=$tq_work/backend-ops-$fa.txt
-  TQ_CUDA_FA=$fa tq_run "$tq_bin/test-backend-ops" test -b CUDA0 -o "$ops" -p turbo > "$f" 2>&1
+  TQ_CUDA_FA=$fa tq_run "$tq_bin/test-backend-ops" test -b CUDA0 -o "$ops" -p "$pat" > "$f" 2>&1
   rc=$?
   tq_detail "$f" "test-backend-ops $ops turbo, TQ_CUDA_FA=$fa"
   ok=$(grep -c ': OK' "$f")

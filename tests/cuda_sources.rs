@@ -300,6 +300,12 @@ fn patch_hooks_every_cuda_table() {
             "ggml/src/ggml-cuda/ggml-cuda.cu",
             "TQ_CUDA_MUL_MAT_SUPPORTED",
         ),
+        // the fused K side's node: claimed by supports_op, run by compute_forward
+        ("ggml/src/ggml-cuda/ggml-cuda.cu", "tq_cuda_rf_keep_ok(op)"),
+        (
+            "ggml/src/ggml-cuda/ggml-cuda.cu",
+            "tq_cuda_rf_keep(dst, ctx.stream())",
+        ),
         (
             "tests/test-backend-ops.cpp",
             "tq_make_test_cases(test_cases)",
@@ -568,11 +574,10 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
         let (code, s) = run("scripts/gpu-check.sh", &d, &[]);
         assert_eq!(code, 0, "{s}");
         assert_eq!(s.matches("PASS compute-sanitizer").count(), 4, "{s}");
-        for fa in ["gqa", "vec"] {
+        // the GQA run also takes the fused K side's CUSTOM cases
+        for (ops, fa) in [("FLASH_ATTN_EXT,CUSTOM", "gqa"), ("FLASH_ATTN_EXT", "vec")] {
             assert!(
-                s.contains(&format!(
-                    "FLASH_ATTN_EXT turbo, TQ_CUDA_FA={fa}: 5 cases OK"
-                )),
+                s.contains(&format!("{ops} turbo, TQ_CUDA_FA={fa}: 5 cases OK")),
                 "{s}"
             );
         }
@@ -812,7 +817,7 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
             "-DGGML_CUDA_FA_QUANTS=q8_0-q8_0",
             "-DTQ_CUDA_FA_HEAD_SIZES=64;128",
             "--target test-backend-ops llama-bench llama-perplexity",
-            "-o SET_ROWS,GET_ROWS,CPY,MUL_MAT,FLASH_ATTN_EXT -p turbo",
+            "-o SET_ROWS,GET_ROWS,CPY,MUL_MAT,FLASH_ATTN_EXT,CUSTOM -p turbo|tq_rf_keep=1",
             "--tool memcheck",
             "--tool synccheck",
         ] {
@@ -824,7 +829,8 @@ shift 4; "$@"; echo "========= ERROR SUMMARY: 0 errors""#,
                 cmds.lines()
                     .any(|l| l.starts_with(&format!("+ TQ_CUDA_FA={fa} "))
                         && l.contains("test-backend-ops test -b CUDA0 -o")
-                        && l.contains("FLASH_ATTN_EXT -p turbo")),
+                        && l.contains("FLASH_ATTN_EXT")
+                        && l.contains(" -p turbo")),
                 "dry run lacks the FA cases with TQ_CUDA_FA={fa}:\n{cmds}"
             );
         }

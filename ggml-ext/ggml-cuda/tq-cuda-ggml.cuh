@@ -9,6 +9,8 @@
 #include "tq-ggml.h"
 #include "tq-cuda.cuh"
 #include "tq-tcq-ggml.cuh" // the trellis types
+#include "tq-cuda-rf-keep.cuh"
+#include "tq-rf-keep.h"
 
 static __device__ __forceinline__ void tq_cuda_dequantize_turbo2(const void * vx, const int64_t ib, const int iqs, float2 & v) {
     tq_cuda_dequantize<2>(vx, ib, iqs, v);
@@ -58,3 +60,19 @@ static __device__ void tq_cuda_quantize_turbo4(const float * x, tq_block_turbo4 
 #define TQ_CUDA_MUL_MAT_VIA_CUBLAS(type) TQ_GGML_IS_TURBO(type)
 #define TQ_CUDA_MUL_MAT_SUPPORTED(op)                                                           \
     ((op)->op == GGML_OP_MUL_MAT && (op)->src[1]->type == GGML_TYPE_F32)
+
+// ggml-cuda.cu supports_op and compute_forward, GGML_OP_CUSTOM: the fused K side's node
+// (tq_rf_keep_is) runs tq-cuda-rf-keep.cuh's kernel on the layout the CPU's function reads
+// (tq_rf_keep_valid); every other custom op stays refused, as upstream refuses them all.
+static bool tq_cuda_rf_keep_ok(const ggml_tensor * op) {
+    return tq_rf_keep_valid(op) && tq_cuda_rf_keep_grid_ok(tq_rf_keep_args_of(const_cast<ggml_tensor *>(op)));
+}
+// false: not the node (compute_forward then reports the op as unsupported, as upstream does)
+static bool tq_cuda_rf_keep(ggml_tensor * dst, cudaStream_t stream) {
+    if (!tq_rf_keep_is(dst)) {
+        return false;
+    }
+    GGML_ASSERT(tq_cuda_rf_keep_ok(dst) && "tq_rf_keep: supports_op accepted a layout the kernel does not read");
+    tq_cuda_rf_keep_launch(tq_rf_keep_args_of(dst), stream);
+    return true;
+}

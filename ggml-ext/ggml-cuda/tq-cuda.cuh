@@ -57,6 +57,8 @@ static __device__ __forceinline__ float    tq_fmul(float a, float b)   { return 
 static __device__ __forceinline__ float    tq_d2f(double a)            { return __double2float_rn(a); }
 static __device__ __forceinline__ uint32_t tq_f2u(float a)             { return __float_as_uint(a); }
 static __device__ __forceinline__ float    tq_fsub(float a, float b)   { return __fsub_rn(a, b); }
+static __device__ __forceinline__ float    tq_fadd(float a, float b)   { return __fadd_rn(a, b); }
+static __device__ __forceinline__ float    tq_fdiv(float a, float b)   { return __fdiv_rn(a, b); }
 #else
 #define TQ_TABLE(name) (tq_host::name)
 static inline double   tq_dmul(double a, double b) { return a * b; }
@@ -67,6 +69,8 @@ static inline float    tq_fmul(float a, float b)   { return a * b; }
 static inline float    tq_d2f(double a)            { return (float) a; }
 static inline uint32_t tq_f2u(float a)             { uint32_t u; memcpy(&u, &a, sizeof(u)); return u; }
 static inline float    tq_fsub(float a, float b)   { return a - b; }
+static inline float    tq_fadd(float a, float b)   { return a + b; }
+static inline float    tq_fdiv(float a, float b)   { return a / b; }
 #endif
 
 template <int bits> struct tq_cuda_type;

@@ -13,6 +13,7 @@
 //
 // Built with ggml's own `-use_fast_math` on purpose: the encoder must stay exact under it.
 // The trellis types: tq-parity-tcq.cuh (it counts the exact ties the host search resolves).
+// The fused K side's kernel against the CPU's function: tq-parity-rf-keep.cuh.
 #include <stdint.h>
 static int64_t g_tcq_ties = 0;
 #ifndef __CUDA_ARCH__
@@ -457,6 +458,7 @@ static int check_type(const std::vector<float> & x, bool device, int & failures)
 }
 
 #include "tq-parity-tcq.cuh"
+#include "tq-parity-rf-keep.cuh"
 
 int main(int argc, char ** argv) {
     const bool host_only = argc > 1 && strcmp(argv[1], "--host") == 0;
@@ -476,12 +478,13 @@ int main(int argc, char ** argv) {
         rc = rc ? rc : check_type<4>(x, device, failures);
         rc = rc ? rc : check_tcq<3>(x, device, failures);
         rc = rc ? rc : check_tcq<2>(x, device, failures);
+        rc = rc ? rc : check_rf_keep(device, failures);
         if (rc) {
             return rc;
         }
     }
     printf("%s\n", failures ? "PARITY FAILED" : host_only
-        ? "parity: the CUDA codec source, built for the host, is bit-identical to the Rust codec"
-        : "parity: the CUDA codec (host and device builds) is bit-identical to the Rust codec");
+        ? "parity: the CUDA codec source, built for the host, is bit-identical to the Rust codec (the fused K side to the CPU's)"
+        : "parity: the CUDA codec (host and device builds) is bit-identical to the Rust codec (the fused K side to the CPU's)");
     return failures ? 1 : 0;
 }

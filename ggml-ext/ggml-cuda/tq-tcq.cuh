@@ -28,13 +28,6 @@ namespace tq_host {
 #define TQ_TABLE_ATTR __device__
 #include "turboquant_tcq_tables.h"
 
-// a + b, exactly rounded and never contracted (tq-cuda.cuh has the other shims).
-#ifdef __CUDA_ARCH__
-static __device__ __forceinline__ float tq_fadd(float a, float b) { return __fadd_rn(a, b); }
-#else
-static inline float tq_fadd(float a, float b) { return a + b; }
-#endif
-
 // k = bits shifted in per value (3: turbo3_tcq, 2: turbo2_tcq).
 template <int K> struct tq_tcq_type;
 template <> struct tq_tcq_type<3> {

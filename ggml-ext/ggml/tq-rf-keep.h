@@ -15,92 +15,28 @@
  *
  * Its function, tq_rf_keep_op, is defined once in ggml-base (tq-rf-keep.cpp), so that a
  * backend can tell this GGML_OP_CUSTOM from any other by the function's address
- * (tq_rf_keep_is) and run its own kernel (ggml-vulkan: shaders/tq_rf_keep.comp); the CPU runs
- * the function itself, which is also the oracle of the other kernels. A backend that does not
- * know the node refuses it (supports_op), and llama then builds the ops instead.
+ * (tq_rf_keep_is) and run its own kernel (ggml-vulkan: shaders/tq_rf_keep.comp; ggml-cuda:
+ * ggml-cuda/tq-cuda-rf-keep.cuh); the CPU runs the function itself, which is also the oracle of
+ * the other kernels. A backend that does not know the node refuses it (supports_op), and llama
+ * then builds the ops instead.
  *
- * Invariant: every value is the row helpers' arithmetic below, per (token, KV head), so a row
- * gets the same bits whatever batch it comes in.
+ * Invariant: every value is tq_rf_keep_rows' arithmetic (tq-rf-rows.h), per (token, KV head),
+ * so a row gets the same bits whatever batch it comes in.
  */
 #ifndef TQ_RF_KEEP_H
 #define TQ_RF_KEEP_H
 
 #include "ggml.h"
+#include "tq-rf-rows.h"
 
 #include <stdint.h>
 #include <string.h>
-
-/* Which channels of a head make RoPE pair i, as llama's rope (ggml_rope_ext with n_dims =
-   n_rot) turns them: NORM pairs (2i, 2i+1), NEOX (i, i + n_rot/2), for i < n_rot/2. With
-   partial RoPE (n_rot < hd: StableLM, Phi, GLM) the channels past n_rot are not turned; they
-   are paired here too, as pairs of angular frequency 0: the host's table holds cos 1, sin 0
-   for them, R_p is the identity there, so what a key stores is k - mu on them (a plain,
-   position-independent mean) and the term adds q.mu back, the same machinery as the roped
-   pairs. NORM pairs them (2i, 2i+1) like the rest (the layout is the full head's), NEOX as
-   the halves of the rest: (n_rot + j, n_rot + j + (hd - n_rot)/2). n_rot 0 (or hd): the
-   whole head is roped, the layout of every full-RoPE model. */
-struct tq_rf_pairs {
-    bool neox;
-    int64_t n_rot;
-};
-
-/* The roped channels of a head of hd under pr: hd where the whole head is roped. */
-static inline int64_t tq_rf_nrot(tq_rf_pairs pr, int64_t hd) {
-    return pr.n_rot > 0 && pr.n_rot < hd ? pr.n_rot : hd;
-}
-
-/* Whether pr pairs the head like a full-RoPE one (the layouts tq_rf_half's views give). */
-static inline bool tq_rf_plain(tq_rf_pairs pr, int64_t hd) {
-    return !pr.neox || tq_rf_nrot(pr, hd) == hd;
-}
-
-/* Pairs as a custom op's userdata bits (bit 0 neox, bits 8.. n_rot; bit 1 is the caller's:
-   TQ_RF_KEEP_BAL for tq_rf_keep_op). shaders/tq_rf_keep.comp reads the same bits. */
-#define TQ_RF_KEEP_BAL 2u
-static inline uintptr_t tq_rf_pairs_bits(tq_rf_pairs pr, int64_t hd) {
-    return (pr.neox ? 1u : 0u) | ((uintptr_t) (tq_rf_plain(pr, hd) ? 0 : pr.n_rot) << 8);
-}
-static inline tq_rf_pairs tq_rf_pairs_of(const void * userdata) {
-    const uintptr_t b = (uintptr_t) userdata;
-    return { (b & 1) != 0, (int64_t) (b >> 8) };
-}
-
-/* Pair i of channel-frame row x (hd floats): channels a and b. */
-static inline int64_t tq_rf_ch(tq_rf_pairs pr, int64_t hd, int64_t i, int ab) {
-    if (!pr.neox) {
-        return 2 * i + ab;
-    }
-    const int64_t r = tq_rf_nrot(pr, hd);
-    return i < r / 2 ? i + ab * (r / 2) : r + (i - r / 2) + ab * ((hd - r) / 2);
-}
-
-/* o = R_p m for one row (hd floats; t: the position's table column). */
-static inline void tq_rf_rotate_row(tq_rf_pairs pr, int64_t hd, const float * t, const float * m, float * o) {
-    const int64_t half = hd / 2;
-    for (int64_t i = 0; i < half; ++i) {
-        const int64_t ca = tq_rf_ch(pr, hd, i, 0), cb = tq_rf_ch(pr, hd, i, 1);
-        const float c = t[i], sn = t[half + i];
-        o[ca] = c * m[ca] - sn * m[cb];
-        o[cb] = sn * m[ca] + c * m[cb];
-    }
-}
-
-/* o = [alpha; beta] of one query row x against the mean m (hd floats each). */
-static inline void tq_rf_coeffs_row(tq_rf_pairs pr, int64_t hd, const float * x, const float * m, float * o) {
-    const int64_t half = hd / 2;
-    for (int64_t i = 0; i < half; ++i) {
-        const int64_t ca = tq_rf_ch(pr, hd, i, 0), cb = tq_rf_ch(pr, hd, i, 1);
-        o[i] = x[ca] * m[ca] + x[cb] * m[cb];        // alpha_i
-        o[half + i] = x[cb] * m[ca] - x[ca] * m[cb]; // beta_i
-    }
-}
 
 /* The node's function (tq-rf-keep.cpp): sources q [hd, nq, nt], k [hd, nkv, nt] (rows of f32,
    any row strides), the means [mu' | s - 1] as columns [F, nb] (contiguous; token t takes
    column t / (nt / nb); s - 1 only with TQ_RF_KEEP_BAL) and the table T [hd, nt] or none; one
    f32 output holding k' [hd, nkv, nt], then q' [hd, nq, nt], then A [hd, nq, nt], each
    contiguous. Work is split by (token, KV head). */
-#define TQ_RF_HD_MAX 512
 GGML_API void tq_rf_keep_op(struct ggml_tensor * dst, int ith, int nth, void * userdata);
 
 /* Whether `op` is this node: a GGML_OP_CUSTOM whose function is tq_rf_keep_op (the function
@@ -144,6 +80,31 @@ static inline bool tq_rf_keep_valid(const struct ggml_tensor * op) {
     const bool bal = (tq_rf_keep_flags(op) & TQ_RF_KEEP_BAL) != 0;
     return tq_rf_keep_layout_ok(q, k, op->src[2], op->src[3], bal) &&
            ggml_nelements(op) == k->ne[0] * (k->ne[1] + 2 * q->ne[1]) * k->ne[2];
+}
+
+/* The node's tensors as tq_rf_keep_rows reads them: their data pointers (host or device
+   memory, as the backend holds them) and byte strides. */
+static inline tq_rf_keep_args tq_rf_keep_args_of(struct ggml_tensor * dst) {
+    const struct ggml_tensor * q = dst->src[0], * k = dst->src[1], * m = dst->src[2], * T = dst->src[3];
+    tq_rf_keep_args a;
+    a.q = (const float *) q->data;
+    a.k = (const float *) k->data;
+    a.m = (const float *) m->data;
+    a.tab = T ? (const float *) T->data : nullptr;
+    a.d = (float *) dst->data;
+    a.hd = k->ne[0];
+    a.nkv = k->ne[1];
+    a.nt = k->ne[2];
+    a.nq = q->ne[1];
+    a.per = k->ne[2] / m->ne[1];
+    a.q_nb1 = q->nb[1];
+    a.q_nb2 = q->nb[2];
+    a.k_nb1 = k->nb[1];
+    a.k_nb2 = k->nb[2];
+    a.m_nb1 = m->nb[1];
+    a.t_nb1 = T ? T->nb[1] : 0;
+    a.flags = tq_rf_keep_flags(dst);
+    return a;
 }
 
 /* The node over q, k, the means' columns and T (or NULL), flags tq_rf_pairs_bits(pr, hd) |

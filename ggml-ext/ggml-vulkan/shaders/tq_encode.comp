@@ -37,7 +37,8 @@ struct tq_cand {
     double score;
 };
 
-tq_cand tq_classify(const double xs[TQ_QK], const double n, const int gain) {
+// us[j] = xs[j] / n, the same quotient for every candidate, so it is divided once per block.
+tq_cand tq_classify(const double xs[TQ_QK], const double us[TQ_QK], const int gain) {
     tq_cand c;
     precise double f = double(gain) * TQ_GAIN_STEP_LF;
     double t[TQ_LEVELS - 1];
@@ -55,7 +56,7 @@ tq_cand tq_classify(const double xs[TQ_QK], const double n, const int gain) {
         sx8[l] = 0.0lf;
     }
     for (uint j = 0u; j < TQ_QK; ++j) {
-        precise double u = xs[j] / n;
+        const double u = us[j];
         uint k = 0u;
         [[unroll]] for (int q = 0; q < TQ_LEVELS - 1; ++q) {
             k += (u > t[q]) ? 1u : 0u;
@@ -98,12 +99,17 @@ void tq_encode(const uint src, const uint dst) {
             idx[w] = mid * 0x11111111u;
         }
     } else {
-        tq_cand best = tq_classify(xs, n, TQ_GAIN_PLAIN);
+        double us[TQ_QK];
+        for (uint j = 0u; j < TQ_QK; ++j) {
+            precise double u = xs[j] / n;
+            us[j] = u;
+        }
+        tq_cand best = tq_classify(xs, us, TQ_GAIN_PLAIN);
         int best_gain = TQ_GAIN_PLAIN;
         const int coarse[TQ_GAIN_N_COARSE] = TQ_GAIN_COARSE;
         const int refine[TQ_GAIN_N_REFINE] = TQ_GAIN_REFINE;
         for (int i = 0; i < TQ_GAIN_N_COARSE; ++i) {
-            const tq_cand c = tq_classify(xs, n, coarse[i]);
+            const tq_cand c = tq_classify(xs, us, coarse[i]);
             if (c.score > best.score) {
                 best = c;
                 best_gain = coarse[i];
@@ -113,7 +119,7 @@ void tq_encode(const uint src, const uint dst) {
             const int centre = best_gain;
             for (int s = -1; s <= 1; s += 2) {
                 const int g = centre + s * refine[i];
-                const tq_cand c = tq_classify(xs, n, g);
+                const tq_cand c = tq_classify(xs, us, g);
                 if (c.score > best.score) {
                     best = c;
                     best_gain = g;
