@@ -9,6 +9,7 @@ extern "C" {
     fn tq_test_type_traits(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_set_get_rows(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_mul_mat(err: *mut c_char, cap: usize) -> c_int;
+    fn tq_test_rot_node(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kbal(err: *mut c_char, cap: usize) -> c_int;
     fn tq_test_kmean_rope(err: *mut c_char, cap: usize) -> c_int;
@@ -79,6 +80,11 @@ fn set_rows_then_get_rows_and_cpy_equal_the_rust_codec_bit_for_bit() {
 #[test]
 fn mul_mat_with_turbo_keys_equals_f32_of_decoded_keys() {
     check(|e, n| unsafe { tq_test_mul_mat(e, n) });
+}
+
+#[test]
+fn rotation_node_equals_mul_mat_and_is_row_invariant() {
+    check(|e, n| unsafe { tq_test_rot_node(e, n) });
 }
 
 #[test]

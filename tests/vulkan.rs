@@ -294,11 +294,15 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
     // the fused K side (ggml-ext/ggml/tq-rf-keep.h): shaders/tq_rf_keep.comp against the CPU's
     // tq_rf_keep_op, every case of tq_test_rf_keep (decode, streams, NEOX, partial RoPE, no
     // balancing, a k view, 256-wide heads)
-    let keep = backend_ops("CUSTOM", &["tq_rf_keep=1".to_string()])[0];
+    // and the rotation node (ggml-ext/ggml/tq-rot-node.h): shaders/tq_rot.comp against the
+    // CPU's tq_rot_op, every case of tq_test_rot (n 64, 128, 512; 3 to 36 rows)
+    let custom = backend_ops("CUSTOM", &["tq_rf_keep=1".to_string(), "tq_rot=1".to_string()]);
+    let (keep, rot) = (custom[0], custom[1]);
     assert_eq!(keep, 8, "CUSTOM tq_rf_keep: {keep} cases passed, want 8");
+    assert_eq!(rot, 5, "CUSTOM tq_rot: {rot} cases passed, want 5");
     eprintln!(
         "test-backend-ops on Vulkan0: {rows} SET_ROWS/GET_ROWS/CPY, {mm} MUL_MAT, {fa} \
-         flash attention and {keep} fused K side turbo cases passed in {:.0} s",
+         flash attention, {keep} fused K side and {rot} rotation cases passed in {:.0} s",
         t.elapsed().as_secs_f64()
     );
 }
@@ -475,6 +479,10 @@ fn decode_graphs_take_the_k_terms_in_vulkan_flash_attention() {
     assert!(
         out.contains("turbo K side: 30 layer(s) on Vulkan0 run it as one node a layer"),
         "turbo4/turbo3 -ub 3: the K side is not Vulkan0's fused node (tq-rf-keep.h):\n{out}"
+    );
+    assert!(
+        out.contains("turbo rotation: a decode's rows of 64 on Vulkan0 as one node"),
+        "turbo4/turbo3 -ub 3: the rotation is not Vulkan0's node (tq-rot-node.h):\n{out}"
     );
     assert_kld_near_cpu(
         "turbo4/turbo3 -ub 3",

@@ -42,6 +42,8 @@ endforeach()
 
 # the fused K side of the K mean in RoPE's frame (any cache type)
 list(APPEND _tq_vk_variants "rf_keep|tq_rf_keep.comp|TQ_RF_KEEP=1")
+# the seeded rotation of a decode's rows (any cache type)
+list(APPEND _tq_vk_variants "rot|tq_rot.comp|TQ_ROT=1")
 
 set(_tq_vk_spvs "")
 set(_tq_vk_names "")

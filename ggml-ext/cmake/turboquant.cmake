@@ -15,9 +15,9 @@ foreach(tq_dir abi ggml ggml-cpu llama tools)
     target_include_directories(ggml-base PUBLIC "${TQ_EXT_DIR}/${tq_dir}")
 endforeach()
 
-# The fused K side's function (ggml/tq-rf-keep.h): one definition, in ggml-base, whose address
-# tells every backend the node is ours.
-target_sources(ggml-base PRIVATE "${TQ_EXT_DIR}/ggml/tq-rf-keep.cpp")
+# The custom nodes' functions (ggml/tq-rf-keep.h, the fused K side; ggml/tq-rot-node.h, the
+# rotation): one definition each, in ggml-base, whose address tells every backend the node is ours.
+target_sources(ggml-base PRIVATE "${TQ_EXT_DIR}/ggml/tq-rf-keep.cpp" "${TQ_EXT_DIR}/ggml/tq-rot-node.cpp")
 
 if (TQ_RUST_LIB)
     if (NOT EXISTS "${TQ_RUST_LIB}")

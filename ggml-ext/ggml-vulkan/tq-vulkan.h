@@ -18,9 +18,11 @@
  *                RoPE's frame and the exact first keys) over a turbo K: shaders/tq_fa_terms.comp
  *                turns them and the op's mask into a mask per head, in a scratch buffer of the
  *                context, and upstream's flash attention runs with that mask (tq_vk_flash_attn).
- *   (any type)   the fused K side of the K mean in RoPE's frame (ggml-ext/ggml/tq-rf-keep.h), the
- *                GGML_OP_CUSTOM whose function is tq_rf_keep_op: shaders/tq_rf_keep.comp
- *                (tq_vk_rf_keep); every other custom op stays upstream's to refuse.
+ *   (any type)   two GGML_OP_CUSTOM nodes of ours, told apart by their function's address: the
+ *                fused K side of the K mean in RoPE's frame (ggml-ext/ggml/tq-rf-keep.h,
+ *                shaders/tq_rf_keep.comp) and the seeded rotation of a decode's rows
+ *                (ggml-ext/ggml/tq-rot-node.h, shaders/tq_rot.comp), both run by
+ *                tq_vk_custom; every other custom op stays upstream's to refuse.
  *   refused      MUL_MAT with a turbo B or an f16 B, MUL_MAT_ID, and flash attention with the
  *                terms under a soft-cap or ALiBi (they would scale a term that belongs before
  *                them) or in a layout the shader does not read (tq_vk_fa_terms_ok); llama then
@@ -37,7 +39,7 @@
  * ggml_vk_flash_attn, tq_vk_cleanup in ggml_vk_cleanup, tq_vk_load_shaders at the end of
  * ggml_vk_load_shaders, TQ_VK_TYPE_CASES in supports_op's list of flash attention K/V types and in the two CPY
  * pipeline switches of ggml_vk_get_cpy_pipeline, tq_vk_fa_path where get_fa_tuning_params picks
- * the shader family, tq_vk_fa_small_batch after ggml_vk_flash_attn's tuning, and tq_vk_rf_keep
+ * the shader family, tq_vk_fa_small_batch after ggml_vk_flash_attn's tuning, and tq_vk_custom
  * as ggml_vk_build_graph's case for GGML_OP_CUSTOM.
  */
 #ifndef TQ_VULKAN_H
@@ -46,6 +48,7 @@
 #include "tq-ggml.h"
 #include "tq-fa-contract.h"
 #include "tq-rf-keep.h"
+#include "tq-rot-node.h"
 #include "tq-vulkan-shaders.h"
 #include "shaders/tq_fa_terms.h"
 
@@ -93,13 +96,18 @@ static bool tq_vk_fa_terms_ok(const struct ggml_tensor * op) {
 }
 
 static bool tq_vk_rf_keep_ok(const vk_device & device, const struct ggml_tensor * op);
+static bool tq_vk_rot_ok(const vk_device & device, const struct ggml_tensor * op);
 
 /* -1: no turbo type in `op`, upstream decides. 0/1: refused/accepted here, or (flash attention)
  * 1 only after upstream's own checks, which TQ_VK_TYPE_CASES lets through for turbo K/V; the
- * fused K side's custom op (tq_rf_keep_is): 1 where tq_rf_keep.comp reads its layout. */
+ * fused K side's and the rotation's custom ops (tq_rf_keep_is, tq_rot_is): 1 where their shader
+ * reads the layout. */
 static int tq_vk_supports_op(const vk_device & device, const struct ggml_tensor * op) {
     if (tq_rf_keep_is(op)) {
         return tq_vk_rf_keep_ok(device, op) ? 1 : 0;
+    }
+    if (tq_rot_is(op)) {
+        return tq_vk_rot_ok(device, op) ? 1 : 0;
     }
     bool turbo = TQ_GGML_IS_TURBO(op->type);
     for (int i = 0; i < GGML_MAX_SRC; ++i) {
@@ -211,6 +219,7 @@ struct tq_vk_pipelines {
     vk_pipeline cpy_f16[GGML_TYPE_COUNT];
     vk_pipeline fa_terms[GGML_TYPE_COUNT]; /* tq_fa_terms.comp, by K's type */
     vk_pipeline rf_keep;                   /* tq_rf_keep.comp */
+    vk_pipeline rot;                       /* tq_rot.comp */
 };
 
 /* tq_fa_terms.comp's push constants, in its order. */
@@ -236,6 +245,14 @@ struct tq_vk_rf_keep_pc {
     uint32_t flags;
 };
 static_assert(sizeof(tq_vk_rf_keep_pc) <= 128, "Vulkan guarantees 128 bytes of push constants");
+
+/* tq_rot.comp's push constants, in its order (offsets and strides in floats). */
+struct tq_vk_rot_pc {
+    uint32_t n;
+    uint32_t r_off;
+    uint32_t x_off, x_nb1;
+    uint32_t y_off, y_nb1;
+};
 
 static tq_vk_pipelines & tq_vk_device_pipelines(const vk_device & device) {
     static std::mutex mutex;
@@ -278,6 +295,9 @@ static void tq_vk_load_shaders(vk_device & device, const Create & create) {
     /* one workgroup of 64 per (KV head, token): the dispatch counts groups */
     create(device, tq_vk_device_pipelines(device).rf_keep, "tq_rf_keep", TQ_VK_SPV(rf_keep), "main", 5,
            sizeof(tq_vk_rf_keep_pc), {1, 1, 1}, {}, 1);
+    /* one workgroup of 64 per row */
+    create(device, tq_vk_device_pipelines(device).rot, "tq_rot", TQ_VK_SPV(rot), "main", 3, sizeof(tq_vk_rot_pc),
+           {1, 1, 1}, {}, 1);
 #undef TQ_VK_TYPE
 #undef TQ_VK_SPV
 }
@@ -514,12 +534,8 @@ static bool tq_vk_rf_keep_ok(const vk_device & device, const struct ggml_tensor 
            (uint64_t) k->ne[2] <= device->properties.limits.maxComputeWorkGroupCount[1];
 }
 
-/* The fused K side (tq-rf-keep.h) by shaders/tq_rf_keep.comp: ggml_vk_build_graph's case for
- * GGML_OP_CUSTOM (one patch line); false: not ours (upstream then has no kernel for it). */
-static bool tq_vk_rf_keep(ggml_backend_vk_context * ctx, vk_context & subctx, ggml_tensor * dst) {
-    if (!tq_rf_keep_is(dst)) {
-        return false;
-    }
+/* The fused K side (tq-rf-keep.h) by shaders/tq_rf_keep.comp. */
+static void tq_vk_rf_keep(ggml_backend_vk_context * ctx, vk_context & subctx, ggml_tensor * dst) {
     GGML_ASSERT(tq_vk_rf_keep_ok(ctx->device, dst) && "tq_rf_keep: supports_op accepted a layout tq_rf_keep.comp does not read");
     const ggml_tensor * q = dst->src[0], * k = dst->src[1], * cols = dst->src[2], * T = dst->src[3];
     vk_pipeline pipeline = tq_vk_device_pipelines(ctx->device).rf_keep;
@@ -549,7 +565,56 @@ static bool tq_vk_rf_keep(ggml_backend_vk_context * ctx, vk_context & subctx, gg
     pc.flags = (uint32_t) tq_rf_keep_flags(dst);
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { q_buf, k_buf, m_buf, t_buf, d_buf }, pc,
                               { (uint32_t) k->ne[1], (uint32_t) k->ne[2], 1 });
-    return true;
+}
+
+/* Whether tq_rot.comp runs `op` (tq_rot_is): its layout (tq_rot_valid), one workgroup per row
+ * within the device's grid, every tensor addressable by 32-bit float offsets in one binding. */
+static bool tq_vk_rot_ok(const vk_device & device, const struct ggml_tensor * op) {
+    if (!tq_rot_valid(op)) {
+        return false;
+    }
+    const uint64_t range = device->properties.limits.maxStorageBufferRange;
+    const ggml_tensor * all[3] = { op->src[0], op->src[1], op };
+    for (const ggml_tensor * t : all) {
+        if (ggml_nbytes(t) + device->properties.limits.minStorageBufferOffsetAlignment > range) {
+            return false;
+        }
+    }
+    return (uint64_t) op->ne[1] <= device->properties.limits.maxComputeWorkGroupCount[0];
+}
+
+/* The rotation (tq-rot-node.h) by shaders/tq_rot.comp. */
+static void tq_vk_rot(ggml_backend_vk_context * ctx, vk_context & subctx, ggml_tensor * dst) {
+    GGML_ASSERT(tq_vk_rot_ok(ctx->device, dst) && "tq_rot: supports_op accepted a layout tq_rot.comp does not read");
+    const ggml_tensor * rot = dst->src[0], * x = dst->src[1];
+    vk_pipeline pipeline = tq_vk_device_pipelines(ctx->device).rot;
+    GGML_ASSERT(pipeline != nullptr);
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    const size_t f = sizeof(float);
+    vk_subbuffer r_buf = ggml_vk_tensor_subbuffer(ctx, rot, true), x_buf = ggml_vk_tensor_subbuffer(ctx, x, true);
+    vk_subbuffer y_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    tq_vk_rot_pc pc = {};
+    pc.n = (uint32_t) rot->ne[0];
+    pc.r_off = (uint32_t) (get_misalign_bytes(ctx, rot) / f);
+    pc.x_off = (uint32_t) (get_misalign_bytes(ctx, x) / f);
+    pc.x_nb1 = (uint32_t) (x->nb[1] / f);
+    pc.y_off = (uint32_t) (get_misalign_bytes(ctx, dst) / f);
+    pc.y_nb1 = (uint32_t) (dst->nb[1] / f);
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { r_buf, x_buf, y_buf }, pc, { (uint32_t) dst->ne[1], 1, 1 });
+}
+
+/* ggml_vk_build_graph's case for GGML_OP_CUSTOM (one patch line): our two nodes; false: not
+ * ours (upstream then has no kernel for it). */
+static bool tq_vk_custom(ggml_backend_vk_context * ctx, vk_context & subctx, ggml_tensor * dst) {
+    if (tq_rf_keep_is(dst)) {
+        tq_vk_rf_keep(ctx, subctx, dst);
+        return true;
+    }
+    if (tq_rot_is(dst)) {
+        tq_vk_rot(ctx, subctx, dst);
+        return true;
+    }
+    return false;
 }
 
 #endif /* TQ_VULKAN_H */

@@ -11,6 +11,7 @@
 #define TQ_GGML_GRAPH_H
 
 #include "tq-ggml.h"
+#include "tq-rot-node.h"
 
 /* CPU prefill. Flash attention's tiled (GEMM-like) CPU kernel takes only f32/f16 K and V;
    any other type is dotted one query row at a time, which makes a 512-token prompt over a
@@ -64,6 +65,15 @@ static inline void tq_rot_mark_seeded(struct ggml_tensor *rot) {
 static inline int tq_rot_is_seeded(const struct ggml_tensor *rot) {
     return rot->op != GGML_OP_NONE ? 0 : rot->op_params[TQ_ROT_SEEDED_SLOT] == TQ_ROT_SEEDED_MAGIC;
 }
+/* A second mark, in the slot before: every layer's cache sits on a device that runs the
+   rotation as one node (tq-rot-node.h), so a decode's rows take that node (tq_mul_mat_rot). */
+#define TQ_ROT_NODE_SLOT (TQ_ROT_SEEDED_SLOT - 1)
+static inline void tq_rot_mark_node(struct ggml_tensor *rot) {
+    rot->op_params[TQ_ROT_NODE_SLOT] = TQ_ROT_SEEDED_MAGIC;
+}
+static inline int tq_rot_takes_node(const struct ggml_tensor *rot) {
+    return tq_rot_is_seeded(rot) && rot->op_params[TQ_ROT_NODE_SLOT] == TQ_ROT_SEEDED_MAGIC;
+}
 
 /* llama_mul_mat_hadamard with the seeded rotation (the patch's call there): Q, K, V and the
    attention output times the rotation, as one mat-vec per row of n values. Shaped [n, 1, rows]
@@ -76,8 +86,11 @@ static inline int tq_rot_is_seeded(const struct ggml_tensor *rot) {
    and a turbo cache turned that rounding into other codes. A batch of
    TQ_PREFILL_DECODE_MIN_TOKENS tokens or more (a prefill) keeps the matmul, which is faster
    there; below it the rows (tokens x heads) stay within CUDA's grid (ggml-cuda's mat-vec puts
-   them on gridDim.y, at most 65535). cur is [n, heads, tokens, s]
-   (Q, K, V; a K shift's [n, heads, cells]) or [n * heads, tokens] (the attention output). */
+   them on gridDim.y, at most 65535). Where the rotation is marked for its node
+   (tq_rot_takes_node: a GPU-class device that claims it), those rows take the node instead: one
+   dispatch whatever the row count, and each row's sums in one order by construction. cur is
+   [n, heads, tokens, s] (Q, K, V; a K shift's [n, heads, cells]) or [n * heads, tokens] (the
+   attention output). */
 static inline struct ggml_tensor * tq_mul_mat_rot(struct ggml_context *ctx, struct ggml_tensor *cur,
                                                   struct ggml_tensor *rot) {
     const int64_t n = rot->ne[0];
@@ -85,6 +98,10 @@ static inline struct ggml_tensor * tq_mul_mat_rot(struct ggml_context *ctx, stru
     const int64_t per_token = cur->ne[0] == n ? cur->ne[1] : cur->ne[0] / n;
     struct ggml_tensor *res = ggml_is_contiguous(cur) ? cur : ggml_cont(ctx, cur);
     const int small = per_token > 0 && rows / per_token < TQ_PREFILL_DECODE_MIN_TOKENS;
+    if (small && tq_rot_takes_node(rot)) {
+        res = tq_rot_node(ctx, rot, ggml_reshape_2d(ctx, res, n, rows));
+        return ggml_reshape_4d(ctx, res, cur->ne[0], cur->ne[1], cur->ne[2], cur->ne[3]);
+    }
     res = small ? ggml_reshape_3d(ctx, res, n, 1, rows) : ggml_reshape_2d(ctx, res, n, rows);
     /* no GGML_HINT_SRC0_IS_HADAMARD: the backends' fast Walsh-Hadamard has no random signs */
     res = ggml_mul_mat(ctx, rot, res);

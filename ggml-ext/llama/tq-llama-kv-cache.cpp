@@ -352,6 +352,47 @@ static bool tq_rf_keep_on(const ggml_tensor * k_cache, int64_t hd, int64_t n_hea
     return ok;
 }
 
+// Whether every layer's K cache sits on a device other than the CPU that runs the rotation
+// node (tq-rot-node.h) for rows of n: then a decode's rows take it (tq_mul_mat_rot). The CPU
+// keeps ggml's mul_mat, as does a model with any layer on the CPU or behind RPC (which refuses
+// custom ops). Probed once per n, and logged where the node is taken.
+bool llama_kv_cache::tq_rot_node_on(int64_t n) const {
+    for (const auto & e : tq_rot_node_n) {
+        if (e.first == n) {
+            return e.second;
+        }
+    }
+    bool on = !layers.empty();
+    ggml_backend_dev_t dev0 = nullptr;
+    for (const auto & layer : layers) {
+        ggml_backend_dev_t dev = tq_cache_dev(layer.k);
+        if (!on || !dev || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            on = false;
+            break;
+        }
+        ggml_init_params params = { 4 * ggml_tensor_overhead(), nullptr, true };
+        ggml_context * ctx = ggml_init(params);
+        ggml_tensor * rot = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, n);
+        ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, 9);
+        on = tq_rot_layout_ok(rot, x) && ggml_backend_dev_supports_op(dev, tq_rot_node(ctx, rot, x));
+        ggml_free(ctx);
+        dev0 = dev0 ? dev0 : dev;
+    }
+    tq_rot_node_n.emplace_back(n, on);
+    if (on) {
+        LLAMA_LOG_INFO("%s: turbo rotation: a decode's rows of %lld on %s as one node (tq-rot-node.h)\n", __func__,
+                       (long long) n, ggml_backend_dev_name(dev0));
+    }
+    return on;
+}
+
+void llama_kv_cache::tq_rot_mark(ggml_tensor * rot) const {
+    tq_rot_mark_seeded(rot);
+    if (tq_rot_node_on(rot->ne[0])) {
+        tq_rot_mark_node(rot);
+    }
+}
+
 static int tq_fa_terms_on(const ggml_tensor * k_cache, const ggml_tensor * v_cache, int64_t hd, int64_t n_head,
                           int64_t n_head_kv, float max_bias, float softcap, bool lowered, std::string & dev_name) {
     ggml_backend_dev_t dev = tq_cache_dev(k_cache);

@@ -125,6 +125,48 @@ extern "C" int tq_test_mul_mat(char * err_buf, size_t cap) {
     return 0;
 }
 
+// The rotation node (tq-rot-node.h) against ggml_mul_mat with the seeded matrix, as
+// tq_mul_mat_rot builds each: a decode's 36 rows of n through the node (the matrix marked for
+// it) equal the mul_mat rows within 2e-6 relative (the same products summed in another order;
+// measured: 2.5e-7 at n = 64 to 6.1e-7 at 512),
+// each row's bits are the row's alone, an unmarked matrix keeps mul_mat, and a prefill's rows
+// keep it even where marked.
+extern "C" int tq_test_rot_node(char * err_buf, size_t cap) {
+    Err err{ err_buf, cap };
+    for (int64_t n : { 64, 128, 256, 512 }) {
+        const int64_t rows = 36;
+        Ctx c(64 * n * n * 4 / 1024 / 1024 + 8);
+        ggml_tensor * rot = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, n, n);
+        if (tq_rotation_matrix(n, TQ_DEFAULT_SEED, (float *) rot->data) != TQ_OK) return err.fail("tq_rotation_matrix");
+        tq_rot_mark_seeded(rot);
+        ggml_tensor * x = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, n, 9, rows / 9); // [n, heads, tokens]
+        fill(x, gaussian(n * rows, 31 + (uint32_t) n));
+        ggml_tensor * plain = tq_mul_mat_rot(c.ctx, x, rot);
+        if (tq_rot_is(plain->view_src ? plain->view_src : plain->src[0])) return err.fail("n %lld: an unmarked matrix took the node", (long long) n);
+        tq_rot_mark_node(rot);
+        ggml_tensor * node = tq_mul_mat_rot(c.ctx, x, rot);
+        const ggml_tensor * inner = node->src[0];
+        if (!tq_rot_is(inner)) return err.fail("n %lld: the marked matrix's decode rows did not take the node (%s)", (long long) n, ggml_op_desc(inner));
+        ggml_tensor * big = ggml_new_tensor_3d(c.ctx, GGML_TYPE_F32, n, 9, TQ_PREFILL_DECODE_MIN_TOKENS);
+        if (tq_rot_is(tq_mul_mat_rot(c.ctx, big, rot)->src[0])) return err.fail("n %lld: a prefill's rows took the node", (long long) n);
+        ggml_tensor * one = ggml_view_2d(c.ctx, x, n, 1, x->nb[1], 5 * x->nb[1]); // row 5 alone
+        ggml_tensor * alone = tq_rot_node(c.ctx, rot, ggml_cont(c.ctx, one));
+        compute(c.ctx, plain);
+        compute(c.ctx, node);
+        compute(c.ctx, alone);
+        auto pv = decode(plain), nv = decode(node), av = decode(alone);
+        double worst = 0;
+        for (size_t i = 0; i < pv.size(); ++i) {
+            const double d = std::fabs(pv[i] - nv[i]) / (1.0 + std::fabs(pv[i]));
+            worst = std::max(worst, d);
+            if (d > 2e-6) return err.fail("n %lld: value %zu: node %g, mul_mat %g", (long long) n, i, nv[i], pv[i]);
+        }
+        if (memcmp(av.data(), nv.data() + 5 * n, n * sizeof(float)) != 0) return err.fail("n %lld: row 5 alone differs from row 5 of 36", (long long) n);
+        if (worst == 0) return err.fail("n %lld: node and mul_mat agree bit for bit: is the node in the graph?", (long long) n);
+    }
+    return 0;
+}
+
 // FLASH_ATTN_EXT with (k_type, v_type) equals the same op where every turbo tensor is
 // replaced by f32 holding its decoded values. head size D, GQA ratio gqa.
 // n_q >= 64 makes the f32 reference take ggml's tiled prefill kernel while the turbo

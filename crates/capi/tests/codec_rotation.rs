@@ -22,7 +22,7 @@ fn matmul(a: &[f32], b: &[f32], n: usize) -> Vec<f64> {
 
 #[test]
 fn orthogonal_symmetric_involutory() {
-    for dim in [2usize, 4, 32, 64, 128, 256] {
+    for dim in [2usize, 4, 32, 64, 128, 256, 512] {
         let r = rotation_matrix(dim, SEED).unwrap();
         for i in 0..dim {
             for j in 0..dim {
