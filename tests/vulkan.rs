@@ -296,7 +296,10 @@ fn test_backend_ops_turbo_cases_pass_on_vulkan() {
     // balancing, a k view, 256-wide heads)
     // and the rotation node (ggml-ext/ggml/tq-rot-node.h): shaders/tq_rot.comp against the
     // CPU's tq_rot_op, every case of tq_test_rot (n 64, 128, 512; 3 to 36 rows)
-    let custom = backend_ops("CUSTOM", &["tq_rf_keep=1".to_string(), "tq_rot=1".to_string()]);
+    let custom = backend_ops(
+        "CUSTOM",
+        &["tq_rf_keep=1".to_string(), "tq_rot=1".to_string()],
+    );
     let (keep, rot) = (custom[0], custom[1]);
     assert_eq!(keep, 8, "CUSTOM tq_rf_keep: {keep} cases passed, want 8");
     assert_eq!(rot, 5, "CUSTOM tq_rot: {rot} cases passed, want 5");
