@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-// tq_rf_keep_is and tq_rf_keep_flags read the custom op's parameters by these offsets
+// tq-custom-op.h reads every custom op's parameters by these offsets
 static_assert(offsetof(ggml_custom_op_params, fun) == 0, "ggml_custom_op_params: fun is no longer first");
 static_assert(offsetof(ggml_custom_op_params, userdata) == sizeof(ggml_custom_op_t) + sizeof(void *),
               "ggml_custom_op_params: userdata moved");

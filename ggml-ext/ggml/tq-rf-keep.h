@@ -27,6 +27,7 @@
 #define TQ_RF_KEEP_H
 
 #include "ggml.h"
+#include "tq-custom-op.h"
 #include "tq-rf-rows.h"
 
 #include <stdint.h>
@@ -39,22 +40,14 @@
    contiguous. Work is split by (token, KV head). */
 GGML_API void tq_rf_keep_op(struct ggml_tensor * dst, int ith, int nth, void * userdata);
 
-/* Whether `op` is this node: a GGML_OP_CUSTOM whose function is tq_rf_keep_op (the function
-   pointer is the first field of the custom op's parameters; tq-rf-keep.cpp asserts it). */
+/* Whether `op` is this node (tq-custom-op.h). */
 static inline bool tq_rf_keep_is(const struct ggml_tensor * op) {
-    if (!op || op->op != GGML_OP_CUSTOM) {
-        return false;
-    }
-    ggml_custom_op_t fun;
-    memcpy(&fun, op->op_params, sizeof(fun));
-    return fun == tq_rf_keep_op;
+    return tq_custom_op_is(op, tq_rf_keep_op);
 }
 
 /* The node's userdata (pairs and TQ_RF_KEEP_BAL). */
 static inline uintptr_t tq_rf_keep_flags(const struct ggml_tensor * op) {
-    void * userdata;
-    memcpy(&userdata, (const char *) op->op_params + sizeof(ggml_custom_op_t) + sizeof(void *), sizeof(userdata));
-    return (uintptr_t) userdata;
+    return tq_custom_op_userdata(op);
 }
 
 /* The layout tq_rf_keep_op reads and writes (shapes, types, strides), for the builder's check

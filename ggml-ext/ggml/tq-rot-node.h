@@ -23,9 +23,9 @@
 #define TQ_ROT_NODE_H
 
 #include "ggml.h"
+#include "tq-custom-op.h"
 
 #include <stdint.h>
-#include <string.h>
 
 /* The largest n the node takes (llama's K rotation is the largest power of two dividing the
    head, at most the head: 512 for Gemma 4's widest). */
@@ -46,14 +46,9 @@ static inline float tq_rot_dot(const float * r, const float * x, int64_t n) {
    contiguous; dst [n, rows]. Work is split by rows. */
 GGML_API void tq_rot_op(struct ggml_tensor * dst, int ith, int nth, void * userdata);
 
-/* Whether `op` is this node: a GGML_OP_CUSTOM whose function is tq_rot_op. */
+/* Whether `op` is this node (tq-custom-op.h). */
 static inline bool tq_rot_is(const struct ggml_tensor * op) {
-    if (!op || op->op != GGML_OP_CUSTOM) {
-        return false;
-    }
-    ggml_custom_op_t fun;
-    memcpy(&fun, op->op_params, sizeof(fun));
-    return fun == tq_rot_op;
+    return tq_custom_op_is(op, tq_rot_op);
 }
 
 /* The layout tq_rot_op reads and writes, for the builder and every backend's supports_op. */
