@@ -18,6 +18,12 @@ endforeach()
 # The custom nodes' functions (ggml/tq-rf-keep.h, the fused K side; ggml/tq-rot-node.h, the
 # rotation): one definition each, in ggml-base, whose address tells every backend the node is ours.
 target_sources(ggml-base PRIVATE "${TQ_EXT_DIR}/ggml/tq-rf-keep.cpp" "${TQ_EXT_DIR}/ggml/tq-rot-node.cpp")
+# Their sums are the order every device kernel of the nodes follows; GCC and Clang contract
+# a * b + c into an FMA by default where the target has one (aarch64, or x86 with -march).
+if (NOT MSVC)
+    set_source_files_properties("${TQ_EXT_DIR}/ggml/tq-rf-keep.cpp" "${TQ_EXT_DIR}/ggml/tq-rot-node.cpp"
+                                PROPERTIES COMPILE_OPTIONS "-ffp-contract=off")
+endif()
 
 if (TQ_RUST_LIB)
     if (NOT EXISTS "${TQ_RUST_LIB}")
