@@ -843,3 +843,104 @@ fn k_statistics_per_stream_on_vulkan_do_not_depend_on_batching() {
         "alone and batched differ: KLD {kld} (max {STREAMS_KLD}), same top {top} %:\n{alone}"
     );
 }
+
+/// One `tq eval` of turbo4/turbo3 at -c 128 x 2 into `out`, with lavapipe visible or not
+/// (`vis`; hidden, the Vulkan build has no device and runs on the CPU): its results.json.
+fn tq_eval(out: &Path, vis: bool, extra: &[&str]) -> serde_json::Value {
+    let mut cmd = Command::new(support::bin("tq"));
+    cmd.args([
+        "eval",
+        "--pairs",
+        "turbo4/turbo3",
+        "-c",
+        "128",
+        "--chunks",
+        "2",
+        "-f",
+    ])
+    .arg(corpus())
+    .arg("-o")
+    .arg(out)
+    .args(extra)
+    .env_remove("GGML_VK_VISIBLE_DEVICES");
+    if vis {
+        cmd.env("GGML_VK_VISIBLE_DEVICES", visible_devices());
+    }
+    let o = run_for(&mut cmd, 900);
+    assert!(
+        o.status.success(),
+        "tq eval {extra:?} failed ({}):\n{}",
+        o.status,
+        text(&o)
+    );
+    serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap()
+}
+
+/// `tq eval --device Vulkan0` runs every pair on the device and the f16 base on the CPU, so its
+/// KLD is the device's cache against the CPU's f16 logits, the figure of this file's other
+/// perplexity tests: not above the CPU's own `tq eval` over the same tokens by more than
+/// TURBO_KLD_GAP. A
+/// device the build does not list is refused before any run, naming the ones it does. About
+/// 40 s on lavapipe (the device run is a prefill's graph).
+#[test]
+fn tq_eval_runs_the_pairs_on_vulkan_and_the_base_on_the_cpu() {
+    if !device_or_skip("tq_eval_runs_the_pairs_on_vulkan_and_the_base_on_the_cpu") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tq-vulkan-eval-{}", std::process::id()));
+    let o = run_for(
+        Command::new(support::bin("tq"))
+            .args([
+                "eval", "--device", "Vulkan7", "-c", "128", "--chunks", "2", "-o",
+            ])
+            .arg(dir.join("none"))
+            .env("GGML_VK_VISIBLE_DEVICES", visible_devices()),
+        120,
+    );
+    let err = text(&o);
+    assert!(
+        o.status.code() == Some(2)
+            && err.contains("--device Vulkan7: this build's llama-perplexity lists Vulkan0"),
+        "an unknown device is not refused with the build's list ({}):\n{err}",
+        o.status
+    );
+    assert!(
+        !dir.join("none").exists(),
+        "the refused eval wrote {}",
+        dir.join("none").display()
+    );
+
+    let vk = tq_eval(&dir.join("vk"), true, &["--device", "Vulkan0"]);
+    let rows = vk["rows"].as_array().unwrap();
+    let cmd = |r: &serde_json::Value| r["ppl_cmd"].as_str().unwrap_or_default().to_string();
+    assert_eq!(rows.len(), 2, "{vk:#}");
+    assert!(
+        cmd(&rows[0]).contains(" --device none "),
+        "the base is not on the CPU: {}",
+        cmd(&rows[0])
+    );
+    assert_eq!(rows[1]["pair"], "turbo4/turbo3@Vulkan0");
+    assert!(
+        cmd(&rows[1]).contains(" -ngl 99 --device Vulkan0 "),
+        "{}",
+        cmd(&rows[1])
+    );
+    let log = std::fs::read_to_string(dir.join("vk/logs/ppl-turbo4_turbo3@Vulkan0.log")).unwrap();
+    assert!(
+        log.contains("Vulkan0 KV buffer size"),
+        "the cache is not on Vulkan0:\n{log}"
+    );
+    assert_eq!(vk["device"], "Vulkan0");
+
+    let cpu = tq_eval(&dir.join("cpu"), false, &[]);
+    let kld = |v: &serde_json::Value| v["rows"][1]["kld"]["kld"].as_f64().unwrap();
+    let (k_vk, k_cpu) = (kld(&vk), kld(&cpu));
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("tq eval turbo4/turbo3 at 128 x 2: Vulkan0 KLD {k_vk:.6}, CPU {k_cpu:.6}");
+    // measured: Vulkan0 0.029525, CPU 0.035128; as in the decode test above, the device may
+    // be better by any amount (two correct roundings), not worse by more than the gap
+    assert!(
+        k_vk.is_finite() && k_vk - k_cpu <= TURBO_KLD_GAP,
+        "tq eval: Vulkan0 KLD {k_vk} is more than {TURBO_KLD_GAP} above the CPU's {k_cpu}"
+    );
+}

@@ -313,6 +313,17 @@ pub struct Options {
     /// print the JSON on stdout instead of the markdown table
     #[arg(long)]
     pub json: bool,
+    /// run every pair but the base on this llama.cpp device (`-ngl 99 --device DEV -lv 4`, e.g.
+    /// Vulkan0 or CUDA0, as `llama-perplexity --list-devices` names them); the f16 base stays
+    /// on the CPU, so each KLD compares the device's cache with the CPU's f16 one, and an f16
+    /// pair in --pairs runs on the device too. llama-bench runs every pair on the device.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// physical batch (`-ub`) of every pair but the base: below 64 each graph is a decode's,
+    /// the path a generating server takes (the rotation as one node, the K terms inside flash
+    /// attention), where the default batch measures the prefill's
+    #[arg(long)]
+    pub ubatch: Option<u64>,
 }
 
 /// Runs a llama.cpp tool, retrying briefly when the binary is missing or busy (being
@@ -401,6 +412,32 @@ pub fn run(mut o: Options) -> Result<ExitCode, String> {
     if o.ctx < 16 {
         return Err("--ctx must be at least 16".into());
     }
+    if let Some(n) = o.chunks {
+        // llama-perplexity scores the second half of each chunk (ctx/2 - 1 tokens) and prints
+        // no KLD summary below 100 scored tokens
+        let scored = n * (o.ctx / 2 - 1);
+        if scored < 100 {
+            return Err(format!(
+                "--ctx {} --chunks {n} scores {scored} tokens; llama-perplexity summarizes the \
+                 KLD from 100 on: raise --chunks or --ctx",
+                o.ctx
+            ));
+        }
+    }
+    if let Some(d) = o.device.as_deref().filter(|d| d.is_empty() || *d == "none") {
+        return Err(format!(
+            "--device {d:?}: name a llama.cpp device such as Vulkan0 or CUDA0 \
+             (without --device every run takes llama.cpp's default placement)"
+        ));
+    }
+    if let Some(ub) = o.ubatch {
+        if ub == 0 || ub > o.ctx {
+            return Err(format!(
+                "--ubatch {ub}: must be between 1 and --ctx ({})",
+                o.ctx
+            ));
+        }
+    }
     let specs: Vec<Option<&str>> = if o.models.is_empty() {
         vec![None]
     } else {
@@ -409,6 +446,9 @@ pub fn run(mut o: Options) -> Result<ExitCode, String> {
     find_tool("llama-perplexity")?;
     if o.bench {
         find_tool("llama-bench")?;
+    }
+    if let Some(d) = &o.device {
+        check_device(d)?;
     }
     let paths = specs
         .iter()
@@ -455,6 +495,49 @@ pub fn run(mut o: Options) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The device names in `llama-perplexity --list-devices`' output ("  Vulkan0: llvmpipe ...").
+pub fn parse_devices(list: &str) -> Vec<String> {
+    list.lines()
+        .skip_while(|l| !l.starts_with("Available devices:"))
+        .skip(1)
+        .filter_map(|l| {
+            let name = l.strip_prefix("  ")?.split(": ").next()?.trim();
+            // "(none)" where the build has no device
+            let ok = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            ok.then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// `--device DEV` names a device this build of llama.cpp has: said before any run, with what
+/// the build lists, rather than as the same error on every row.
+fn check_device(dev: &str) -> Result<(), String> {
+    let (code, so, se) = run_tool("llama-perplexity", &["--list-devices".into()], &[])?;
+    let devs = parse_devices(&so);
+    if code != Some(0) || !devs.iter().any(|d| d == dev) {
+        return Err(format!(
+            "--device {dev}: this build's llama-perplexity lists {}; a Vulkan or CUDA device \
+             needs a build with that backend (`cargo build --release --features vulkan`, \
+             docs/VULKAN.md; lavapipe also needs GGML_VK_VISIBLE_DEVICES){}",
+            if devs.is_empty() {
+                "no device".to_string()
+            } else {
+                devs.join(", ")
+            },
+            match code {
+                Some(0) => String::new(),
+                _ => first_error_line(&se)
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default(),
+            }
+        ));
+    }
+    Ok(())
+}
+
 fn log_name(label: &str) -> String {
     label.replace('/', "_")
 }
@@ -489,6 +572,55 @@ pub(crate) fn bench_model(
     )
 }
 
+/// llama-perplexity's arguments for pair `p` (`base`: the f16 run that saves the logits).
+/// With `--device` the base runs on the CPU and every other pair on the device; `--ubatch`
+/// applies to the pairs, not the base.
+fn ppl_args(
+    o: &Options,
+    model: &Path,
+    text: &Path,
+    logits: &Path,
+    p: &Pair,
+    base: bool,
+) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["-m".into(), model.into(), "-f".into(), text.into()];
+    for s in [
+        "-c".to_string(),
+        o.ctx.to_string(),
+        "-fa".into(),
+        "on".into(),
+        "-t".into(),
+        o.threads.to_string(),
+        // one sequence per batch: the cache serves one sequence, as llama-cli and a
+        // one-slot server use it (and the K mean's default frame follows the sequence
+        // count, docs/RELIABILITY.md)
+        "-b".into(),
+        o.ctx.to_string(),
+        "-ctk".into(),
+        p.k.name.into(),
+        "-ctv".into(),
+        p.v.name.into(),
+    ] {
+        a.push(s.into());
+    }
+    if let Some(n) = o.chunks {
+        a.push("--chunks".into());
+        a.push(n.to_string().into());
+    }
+    match (&o.device, base) {
+        (Some(_), true) => a.extend(["--device".into(), "none".into()]),
+        // -lv 4: the log then says where the cache went and which turbo paths ran there
+        (Some(d), false) => a.extend(["-ngl", "99", "--device", d, "-lv", "4"].map(OsString::from)),
+        (None, _) => {}
+    }
+    if let (Some(ub), false) = (o.ubatch, base) {
+        a.extend(["-ub".into(), ub.to_string().into()]);
+    }
+    a.push("--kl-divergence-base".into());
+    a.push(logits.into());
+    a
+}
+
 fn run_model(
     o: &Options,
     pairs: &[Pair],
@@ -518,8 +650,19 @@ fn run_model(
     };
     // f16 is always first (the base run); the others keep the order asked for.
     let mut all = vec![base_pair];
-    all.extend(pairs.iter().filter(|p| !p.is_f16()).copied());
+    all.extend(
+        pairs
+            .iter()
+            .filter(|p| !p.is_f16() || o.device.is_some())
+            .copied(),
+    );
     let mut rows: Vec<Row> = all.iter().map(|p| Row::new(p, &geo)).collect();
+    if let Some(d) = &o.device {
+        // the base row stays "f16" (the CPU's); the device's rows say where they ran
+        for r in rows.iter_mut().skip(1) {
+            r.pair = format!("{}@{d}", r.pair);
+        }
+    }
 
     let total = all.len() as u64 * (u64::from(perplexity) + u64::from(o.bench));
     let pb = indicatif::ProgressBar::new(total);
@@ -533,41 +676,11 @@ fn run_model(
     let stem = model_stem(path);
     let logits = out.join("kld-base.bin");
 
-    let common = |p: &Pair| -> Vec<OsString> {
-        let mut a: Vec<OsString> = vec!["-m".into(), path.into(), "-f".into(), text.clone().into()];
-        for s in [
-            "-c".to_string(),
-            o.ctx.to_string(),
-            "-fa".into(),
-            "on".into(),
-            "-t".into(),
-            o.threads.to_string(),
-            // one sequence per batch: the cache serves one sequence, as llama-cli and a
-            // one-slot server use it (and the K mean's default frame follows the sequence
-            // count, docs/RELIABILITY.md)
-            "-b".into(),
-            o.ctx.to_string(),
-            "-ctk".into(),
-            p.k.name.into(),
-            "-ctv".into(),
-            p.v.name.into(),
-        ] {
-            a.push(s.into());
-        }
-        if let Some(n) = o.chunks {
-            a.push("--chunks".into());
-            a.push(n.to_string().into());
-        }
-        a.push("--kl-divergence-base".into());
-        a.push(logits.clone().into());
-        a
-    };
-
     let mut base_ppl = None;
     for (i, p) in all.iter().enumerate().filter(|_| perplexity) {
-        let label = p.label();
+        let label = rows[i].pair.clone();
         pb.set_message(format!("{stem}: perplexity {label}"));
-        let mut args = common(p);
+        let mut args = ppl_args(o, path, &text, &logits, p, i == 0);
         if i > 0 {
             args.push("--kl-divergence".into());
         }
@@ -633,7 +746,7 @@ fn run_model(
             .collect::<Vec<_>>()
             .join(",");
         for (i, p) in all.iter().enumerate() {
-            let label = p.label();
+            let label = rows[i].pair.clone();
             pb.set_message(format!("{stem}: llama-bench {label}"));
             let mut args: Vec<OsString> = vec!["-m".into(), path.into()];
             for s in [
@@ -657,6 +770,10 @@ fn run_model(
                 "json",
             ] {
                 args.push(s.into());
+            }
+            if let Some(d) = &o.device {
+                // every row on the device, the base too: its t/s is what the ratios divide by
+                args.extend(["-ngl".into(), "99".into(), "-dev".into(), d.into()]);
             }
             rows[i].bench_cmd = Some(command_line("llama-bench", &args, &p.env()));
             let res = run_tool("llama-bench", &args, &p.env()).and_then(|(code, so, se)| {
@@ -720,6 +837,8 @@ fn results(
         },
         bench_pp: o.bench_pp,
         bench_tg: o.bench_tg,
+        device: o.device.clone(),
+        ubatch: o.ubatch,
         rows,
     }
 }
@@ -1079,8 +1198,104 @@ usage:
             bench_depths: if bench { vec![0] } else { vec![] },
             bench_pp: 512,
             bench_tg: 128,
+            device: None,
+            ubatch: None,
             rows,
         }
+    }
+
+    /// `llama-perplexity --list-devices` of a Vulkan build on lavapipe, and of a CPU build.
+    #[test]
+    fn parses_device_lists() {
+        let vk = "Available devices:\n  Vulkan0: llvmpipe (LLVM 15.0.6, 256 bits) (24105 MiB, 18143 MiB free)\n";
+        assert_eq!(parse_devices(vk), vec!["Vulkan0".to_string()]);
+        let two = "noise\nAvailable devices:\n  CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80500 MiB free)\n  \
+                   RPC0: 127.0.0.1:50052 (1000 MiB, 900 MiB free)\n";
+        assert_eq!(
+            parse_devices(two),
+            vec!["CUDA0".to_string(), "RPC0".to_string()]
+        );
+        assert!(parse_devices("Available devices:\n  (none)\n").is_empty());
+        assert!(parse_devices("").is_empty());
+    }
+
+    /// The base on the CPU, every other pair on the device at the asked -ub; nothing of
+    /// either without the options.
+    #[test]
+    fn device_and_ubatch_go_to_the_pairs_not_the_base() {
+        let mut o = Options {
+            models: vec![],
+            text: None,
+            pairs: DEFAULT_PAIRS.into(),
+            ctx: 512,
+            chunks: Some(2),
+            threads: 2,
+            bench: false,
+            bench_depths: vec![0],
+            bench_pp: 512,
+            bench_tg: 128,
+            quick: false,
+            out: None,
+            json: false,
+            device: None,
+            ubatch: None,
+        };
+        let pairs = parse_pairs("f16,turbo4/turbo3").unwrap();
+        let args = |o: &Options, p: &Pair, base: bool| {
+            ppl_args(
+                o,
+                Path::new("m.gguf"),
+                Path::new("t.txt"),
+                Path::new("b.bin"),
+                p,
+                base,
+            )
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+        };
+        let plain = args(&o, &pairs[1], false);
+        assert!(
+            !plain.contains("--device") && !plain.contains("-ub") && !plain.contains("-ngl"),
+            "{plain}"
+        );
+        o.device = Some("Vulkan0".into());
+        o.ubatch = Some(8);
+        let base = args(&o, &pairs[0], true);
+        assert!(
+            base.contains(" --device none ") && !base.contains("-ub") && !base.contains("-ngl"),
+            "{base}"
+        );
+        let pair = args(&o, &pairs[1], false);
+        assert!(pair.contains(" -ctk turbo4 -ctv turbo3 "), "{pair}");
+        assert!(
+            pair.contains(" -ngl 99 --device Vulkan0 -lv 4 -ub 8 --kl-divergence-base b.bin"),
+            "{pair}"
+        );
+    }
+
+    #[test]
+    fn markdown_names_the_device_and_ubatch() {
+        let mut r = sample(false);
+        assert!(r
+            .markdown()
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("2 chunks, 2 threads"));
+        r.device = Some("Vulkan0".into());
+        r.ubatch = Some(8);
+        r.rows[1].pair = "turbo4@Vulkan0".into();
+        let md = r.markdown();
+        assert!(
+            md.starts_with("## m.gguf — ctx 512, 2 chunks, 2 threads, pairs on Vulkan0 (the f16 base on the CPU), pairs at -ub 8\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains("\n| f16 (base) |") && md.contains("\n| turbo4@Vulkan0 |"),
+            "{md}"
+        );
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub struct ModelResults {
     pub bench_depths: Vec<u64>,
     pub bench_pp: u64,
     pub bench_tg: u64,
+    /// `tq eval --device`: the device every row but the base ran on (the base: the CPU)
+    pub device: Option<String>,
+    /// `tq eval --ubatch`: the physical batch of every row but the base
+    pub ubatch: Option<u64>,
     /// rows[0] is f16/f16, the base run
     pub rows: Vec<Row>,
 }
@@ -100,11 +104,16 @@ impl ModelResults {
     pub fn markdown(&self) -> String {
         let bench = !self.bench_depths.is_empty();
         let mut s = format!(
-            "## {} — ctx {}, {} chunks, {} threads\n\ntext: {}\n\n",
+            "## {} — ctx {}, {} chunks, {} threads{}{}\n\ntext: {}\n\n",
             self.model.display(),
             self.ctx,
             self.chunks.map_or("all".into(), |c| c.to_string()),
             self.threads,
+            self.device.as_ref().map_or(String::new(), |d| format!(
+                ", pairs on {d} (the f16 base on the CPU)"
+            )),
+            self.ubatch
+                .map_or(String::new(), |u| format!(", pairs at -ub {u}")),
             self.text
         );
         s += "| pair | bits/value | KV bytes/token | PPL | ΔPPL vs f16 | mean KLD | same top % |";
@@ -119,11 +128,11 @@ impl ModelResults {
             s += &"---:|".repeat(cols.len());
         }
         s += "\n";
-        for r in &self.rows {
+        for (i, r) in self.rows.iter().enumerate() {
             s += &format!(
                 "| {}{} | {:.2} | {} |",
                 r.pair,
-                if r.pair == "f16" { " (base)" } else { "" },
+                if i == 0 { " (base)" } else { "" },
                 r.bits_per_value,
                 r.kv_bytes_per_token
             );

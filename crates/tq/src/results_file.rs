@@ -1236,6 +1236,8 @@ fn eval_options(ctx: u64, chunks: u64, text: Option<PathBuf>) -> eval::Options {
         quick: false,
         out: None,
         json: false,
+        device: None,
+        ubatch: None,
     }
 }
 

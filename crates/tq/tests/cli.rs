@@ -57,6 +57,17 @@ fn unknown_names_are_refused_before_anything_runs() {
         (vec!["fetch", "no-such-model"], "no-such-model"),
         (vec!["serve", "--ctk", "turbo9"], "turbo9"),
         (vec!["serve", "--ctv", "q4_7"], "q4_7"),
+        // tq eval's options, before any model or tool is looked for
+        (vec!["eval", "--device", "none"], "name a llama.cpp device"),
+        (
+            vec!["eval", "--ubatch", "0"],
+            "--ubatch 0: must be between 1 and --ctx (512)",
+        ),
+        (vec!["eval", "-c", "128", "--ubatch", "200"], "--ubatch 200"),
+        (
+            vec!["eval", "-c", "128", "--chunks", "1"],
+            "--ctx 128 --chunks 1 scores 63 tokens",
+        ),
     ] {
         let out = tq(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
