@@ -12,7 +12,8 @@
 //   GET_ROWS / CPY out of one give tq_dequantize's floats bit for bit, on gaussian rows, on the
 //   rows that take the encoder's edge rules (NaN, +-Inf, zero, f32 subnormals, a scale past
 //   fp16's range, one below it) and on rows full of exact ties of path costs (constant, a
-//   coarse grid, a trellis block's own decode).
+//   coarse grid, a trellis block's own decode); all rows in one op, and again in ops of 3 rows
+//   (CPY into views at row offsets).
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -21,6 +22,7 @@
 
 #include "turboquant.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -220,63 +222,80 @@ extern "C" int tq_test_backend_turbo_bytes(const char * reg_name, int index, cha
         std::vector<float> want_x(n * d);
         tq_dequantize(tq, want_rows.data(), want_x.data(), n * d);
 
-        Backend b;
-        b.be = ggml_backend_dev_init(dev, nullptr);
-        ggml_init_params p = { 32 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
-        b.ctx = ggml_init(p);
-        ggml_tensor * src = ggml_new_tensor_2d(b.ctx, GGML_TYPE_F32, d, n);
-        ggml_tensor * cache = ggml_new_tensor_2d(b.ctx, t, d, n_cells);
-        ggml_tensor * idx = ggml_new_tensor_1d(b.ctx, GGML_TYPE_I64, n);
-        ggml_tensor * idx32 = ggml_new_tensor_1d(b.ctx, GGML_TYPE_I32, n);
-        ggml_tensor * packed = ggml_new_tensor_2d(b.ctx, t, d, n);
-        ggml_tensor * set = ggml_set_rows(b.ctx, cache, src, idx);
-        ggml_tensor * got = ggml_get_rows(b.ctx, set, idx32);          // f32 rows back out
-        ggml_tensor * cpy = ggml_cpy(b.ctx, src, packed);               // CPY f32 -> turbo
-        ggml_tensor * back = ggml_cpy(b.ctx, cpy, ggml_new_tensor_2d(b.ctx, GGML_TYPE_F32, d, n));
-        b.buf = ggml_backend_alloc_ctx_tensors(b.ctx, b.be);
-        if (!b.buf) {
-            return err.fail("%s: cannot allocate the tensors", ggml_backend_dev_name(dev));
-        }
-        for (ggml_tensor * op : { set, got, cpy, back }) {
-            if (!ggml_backend_dev_supports_op(dev, op)) {
-                return err.fail("%s refuses %s on %s", ggml_backend_dev_name(dev), ggml_op_desc(op), ggml_type_name(t));
+        // all rows in one op, then ops of 3 rows (12 blocks, a decode's dispatch size): SET_ROWS
+        // chained on the cache, CPY into views of the destination at row offsets, which the
+        // device binds short of the view and reaches through the op's destination offset (the
+        // encoders once dropped it and wrote the wrong blocks)
+        for (const int64_t per : { n, (int64_t) 3 }) {
+            Backend b;
+            b.be = ggml_backend_dev_init(dev, nullptr);
+            ggml_init_params p = { (32 + 4 * (size_t) n) * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+            b.ctx = ggml_init(p);
+            ggml_tensor * src = ggml_new_tensor_2d(b.ctx, GGML_TYPE_F32, d, n);
+            ggml_tensor * cache = ggml_new_tensor_2d(b.ctx, t, d, n_cells);
+            ggml_tensor * idx = ggml_new_tensor_1d(b.ctx, GGML_TYPE_I64, n);
+            ggml_tensor * idx32 = ggml_new_tensor_1d(b.ctx, GGML_TYPE_I32, n);
+            ggml_tensor * packed = ggml_new_tensor_2d(b.ctx, t, d, n);
+            ggml_tensor * set = cache;
+            std::vector<ggml_tensor *> cpys;
+            for (int64_t i0 = 0; i0 < n; i0 += per) {
+                const int64_t m = std::min(per, n - i0);
+                ggml_tensor * s_rows = ggml_view_2d(b.ctx, src, d, m, src->nb[1], i0 * src->nb[1]);
+                set = ggml_set_rows(b.ctx, set, s_rows, ggml_view_1d(b.ctx, idx, m, i0 * idx->nb[0]));
+                cpys.push_back(ggml_cpy(b.ctx, s_rows, ggml_view_2d(b.ctx, packed, d, m, packed->nb[1], i0 * packed->nb[1])));
             }
-        }
-        ggml_backend_tensor_set(src, x.data(), 0, ggml_nbytes(src));
-        ggml_backend_tensor_set(idx, slot.data(), 0, ggml_nbytes(idx));
-        ggml_backend_tensor_set(idx32, slot32.data(), 0, ggml_nbytes(idx32));
-        std::vector<uint8_t> zeros(ggml_nbytes(cache), 0);
-        ggml_backend_tensor_set(cache, zeros.data(), 0, zeros.size());
-        // one graph, as llama's: the reads come after the writes they depend on
-        ggml_cgraph * gf = ggml_new_graph(b.ctx);
-        ggml_build_forward_expand(gf, got);
-        ggml_build_forward_expand(gf, back);
-        if (ggml_backend_graph_compute(b.be, gf) != GGML_STATUS_SUCCESS) {
-            return err.fail("%s: graph_compute failed on %s", ggml_backend_dev_name(dev), ggml_type_name(t));
-        }
-        std::vector<uint8_t> have_cache(ggml_nbytes(cache)), have_packed(ggml_nbytes(packed));
-        ggml_backend_tensor_get(cache, have_cache.data(), 0, have_cache.size());
-        ggml_backend_tensor_get(cpy, have_packed.data(), 0, have_packed.size());
-        for (int64_t c = 0; c < n_cells; ++c) {
-            if (memcmp(have_cache.data() + c * row, want_cache.data() + c * row, row) != 0) {
-                return err.fail("%s SET_ROWS %s: cell %lld differs from the Rust codec's bytes",
-                                ggml_backend_dev_name(dev), ggml_type_name(t), (long long) c);
+            ggml_tensor * got = ggml_get_rows(b.ctx, set, idx32);          // f32 rows back out
+            ggml_tensor * cpy = cpys[0];                                    // CPY f32 -> turbo
+            ggml_tensor * back = ggml_cpy(b.ctx, cpy, ggml_new_tensor_2d(b.ctx, GGML_TYPE_F32, d, cpy->ne[1]));
+            b.buf = ggml_backend_alloc_ctx_tensors(b.ctx, b.be);
+            if (!b.buf) {
+                return err.fail("%s: cannot allocate the tensors", ggml_backend_dev_name(dev));
             }
-        }
-        for (int64_t i = 0; i < n; ++i) {
-            if (memcmp(have_packed.data() + i * row, want_rows.data() + i * row, row) != 0) {
-                return err.fail("%s CPY f32 -> %s: row %lld differs from the Rust codec's bytes",
-                                ggml_backend_dev_name(dev), ggml_type_name(t), (long long) i);
+            for (ggml_tensor * op : { set, got, cpy, back }) {
+                if (!ggml_backend_dev_supports_op(dev, op)) {
+                    return err.fail("%s refuses %s on %s", ggml_backend_dev_name(dev), ggml_op_desc(op), ggml_type_name(t));
+                }
             }
-        }
-        for (ggml_tensor * out : { got, back }) {
-            std::vector<float> have(n * d);
-            ggml_backend_tensor_get(out, have.data(), 0, ggml_nbytes(out));
-            for (size_t j = 0; j < have.size(); ++j) {
-                if (memcmp(&have[j], &want_x[j], sizeof(float)) != 0) {
-                    return err.fail("%s %s from %s: value %zu (row %zu) is %a, tq_dequantize's %a",
-                                    ggml_backend_dev_name(dev), ggml_op_desc(out), ggml_type_name(t), j,
-                                    j / (size_t) d, (double) have[j], (double) want_x[j]);
+            ggml_backend_tensor_set(src, x.data(), 0, ggml_nbytes(src));
+            ggml_backend_tensor_set(idx, slot.data(), 0, ggml_nbytes(idx));
+            ggml_backend_tensor_set(idx32, slot32.data(), 0, ggml_nbytes(idx32));
+            std::vector<uint8_t> zeros(ggml_nbytes(cache), 0);
+            ggml_backend_tensor_set(cache, zeros.data(), 0, zeros.size());
+            // one graph, as llama's: the reads come after the writes they depend on
+            ggml_cgraph * gf = ggml_new_graph(b.ctx);
+            ggml_build_forward_expand(gf, got);
+            for (ggml_tensor * c : cpys) {
+                ggml_build_forward_expand(gf, c);
+            }
+            ggml_build_forward_expand(gf, back);
+            if (ggml_backend_graph_compute(b.be, gf) != GGML_STATUS_SUCCESS) {
+                return err.fail("%s: graph_compute failed on %s", ggml_backend_dev_name(dev), ggml_type_name(t));
+            }
+            std::vector<uint8_t> have_cache(ggml_nbytes(cache)), have_packed(ggml_nbytes(packed));
+            ggml_backend_tensor_get(cache, have_cache.data(), 0, have_cache.size());
+            ggml_backend_tensor_get(packed, have_packed.data(), 0, have_packed.size());
+            for (int64_t c = 0; c < n_cells; ++c) {
+                if (memcmp(have_cache.data() + c * row, want_cache.data() + c * row, row) != 0) {
+                    return err.fail("%s SET_ROWS %s (%lld rows an op): cell %lld differs from the Rust codec's bytes",
+                                    ggml_backend_dev_name(dev), ggml_type_name(t), (long long) per, (long long) c);
+                }
+            }
+            for (int64_t i = 0; i < n; ++i) {
+                if (memcmp(have_packed.data() + i * row, want_rows.data() + i * row, row) != 0) {
+                    return err.fail("%s CPY f32 -> %s (%lld rows an op): row %lld differs from the Rust codec's bytes",
+                                    ggml_backend_dev_name(dev), ggml_type_name(t), (long long) per, (long long) i);
+                }
+            }
+            // GET_ROWS reads every row; the CPY back reads the first op's rows
+            for (ggml_tensor * out : { got, back }) {
+                std::vector<float> have(ggml_nelements(out));
+                ggml_backend_tensor_get(out, have.data(), 0, ggml_nbytes(out));
+                for (size_t j = 0; j < have.size(); ++j) {
+                    if (memcmp(&have[j], &want_x[j], sizeof(float)) != 0) {
+                        return err.fail("%s %s from %s: value %zu (row %zu) is %a, tq_dequantize's %a",
+                                        ggml_backend_dev_name(dev), ggml_op_desc(out), ggml_type_name(t), j,
+                                        j / (size_t) d, (double) have[j], (double) want_x[j]);
+                    }
                 }
             }
         }

@@ -180,6 +180,8 @@ void main() {
     if (idx >= p.ne) {
         return;
     }
-    tq_encode(get_aoffset() + src0_idx(idx), dst_idx_quant(idx, TQ_QK));
+    // get_doffset(): a destination view's offset in blocks past its descriptor (upstream's
+    // copy_to_quant.comp leaves it out, and a CPY into such a view wrote the wrong blocks)
+    tq_encode(get_aoffset() + src0_idx(idx), dst_idx_quant(idx, TQ_QK) + get_doffset());
 #endif
 }

@@ -247,7 +247,7 @@ void main() {
         if (idx >= p.ne) {
             return;
         }
-        tq_encode_block(get_aoffset() + src0_idx(idx), dst_idx_quant(idx, TQ_QK));
+        tq_encode_block(get_aoffset() + src0_idx(idx), dst_idx_quant(idx, TQ_QK) + get_doffset());
 #endif
     }
 }
