@@ -879,9 +879,8 @@ fn tq_eval(out: &Path, vis: bool, extra: &[&str]) -> serde_json::Value {
 /// `tq eval --device Vulkan0` runs every pair on the device and the f16 base on the CPU, so its
 /// KLD is the device's cache against the CPU's f16 logits, the figure of this file's other
 /// perplexity tests: not above the CPU's own `tq eval` over the same tokens by more than
-/// TURBO_KLD_GAP. A
-/// device the build does not list is refused before any run, naming the ones it does. About
-/// 40 s on lavapipe (the device run is a prefill's graph).
+/// TURBO_KLD_GAP. A device the build does not list is refused before any run, naming the ones
+/// it does. About a minute on lavapipe alone (the device run is a prefill's graph).
 #[test]
 fn tq_eval_runs_the_pairs_on_vulkan_and_the_base_on_the_cpu() {
     if !device_or_skip("tq_eval_runs_the_pairs_on_vulkan_and_the_base_on_the_cpu") {

@@ -1223,23 +1223,8 @@ usage:
     /// either without the options.
     #[test]
     fn device_and_ubatch_go_to_the_pairs_not_the_base() {
-        let mut o = Options {
-            models: vec![],
-            text: None,
-            pairs: DEFAULT_PAIRS.into(),
-            ctx: 512,
-            chunks: Some(2),
-            threads: 2,
-            bench: false,
-            bench_depths: vec![0],
-            bench_pp: 512,
-            bench_tg: 128,
-            quick: false,
-            out: None,
-            json: false,
-            device: None,
-            ubatch: None,
-        };
+        // the results matrix's options (ctx 512, 2 chunks), neither option set
+        let mut o = crate::results_file::eval_options(512, 2, None);
         let pairs = parse_pairs("f16,turbo4/turbo3").unwrap();
         let args = |o: &Options, p: &Pair, base: bool| {
             ppl_args(

@@ -1221,7 +1221,7 @@ pub fn run(o: Options) -> Result<ExitCode, String> {
     })
 }
 
-fn eval_options(ctx: u64, chunks: u64, text: Option<PathBuf>) -> eval::Options {
+pub(crate) fn eval_options(ctx: u64, chunks: u64, text: Option<PathBuf>) -> eval::Options {
     eval::Options {
         models: vec![],
         text,
